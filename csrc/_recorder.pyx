@@ -1,0 +1,551 @@
+"""Compiled recorder core: the hot paths of ``turbospark.RouterHistogram``.
+
+Behaviour is defined by ``turbospark/_recorder_py.py``; this module must
+match it call for call (same results, same exceptions, same messages). Ids
+are validated into a local buffer first and committed only when the whole
+call is valid, and the commit runs no Python code, so a call is atomic under
+the GIL and a rejected call records nothing.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.object cimport PyObject
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy
+
+cimport numpy as cnp
+
+import numpy as np
+
+from turbospark import _convert, _errors
+
+cnp.import_array()
+
+cdef extern from "Python.h":
+    bint PyLong_CheckExact(object)
+    Py_ssize_t PyList_GET_SIZE(object)
+    PyObject* PyList_GET_ITEM(object, Py_ssize_t)
+    Py_ssize_t PyTuple_GET_SIZE(object)
+    PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)
+
+# Selections up to this many ids are converted on the stack; top-k routing
+# never comes close, so the heap is only touched by unusual callers.
+cdef enum:
+    STACK_IDS = 64
+    FIRST_CAPACITY = 256
+
+
+ctypedef struct IdBuf:
+    uint32_t* data
+    size_t len
+    size_t cap
+
+
+cdef int _reserve(IdBuf* buf, size_t extra) except -1:
+    """Make room for ``extra`` more ids, growing by doubling (amortised O(1))."""
+    cdef size_t need = buf.len + extra
+    cdef size_t cap
+    cdef uint32_t* grown
+    if need <= buf.cap:
+        return 0
+    cap = buf.cap * 2 if buf.cap else FIRST_CAPACITY
+    while cap < need:
+        cap *= 2
+    # realloc (not calloc) so capacity never written costs no resident memory.
+    grown = <uint32_t*>realloc(buf.data, cap * sizeof(uint32_t))
+    if grown == NULL:
+        raise MemoryError()
+    buf.data = grown
+    buf.cap = cap
+    return 0
+
+
+ctypedef fused int_t:
+    int8_t
+    uint8_t
+    int16_t
+    uint16_t
+    int32_t
+    uint32_t
+    int64_t
+    uint64_t
+
+
+cdef Py_ssize_t _convert_strided(const int_t* first, Py_ssize_t n, Py_ssize_t stride,
+                                 uint32_t* out, uint64_t num_experts) noexcept nogil:
+    """Copy ``n`` ids to ``out``; return the position of the first out-of-range id, or -1."""
+    cdef const char* base = <const char*>first
+    cdef int_t value
+    cdef Py_ssize_t i
+    for i in range(n):
+        value = (<const int_t*>(base + i * stride))[0]
+        if value < 0 or <uint64_t>value >= num_experts:
+            return i
+        out[i] = <uint32_t>value
+    return -1
+
+
+cdef Py_ssize_t _convert_array(cnp.ndarray arr, Py_ssize_t n, Py_ssize_t stride,
+                               uint32_t* out, uint64_t num_experts) except -2:
+    """Dispatch on the (native, aligned, integer) dtype of ``arr``."""
+    cdef void* data = cnp.PyArray_DATA(arr)
+    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
+    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
+    if itemsize == 8:
+        if signed:
+            return _convert_strided(<const int64_t*>data, n, stride, out, num_experts)
+        return _convert_strided(<const uint64_t*>data, n, stride, out, num_experts)
+    if itemsize == 4:
+        if signed:
+            return _convert_strided(<const int32_t*>data, n, stride, out, num_experts)
+        return _convert_strided(<const uint32_t*>data, n, stride, out, num_experts)
+    if itemsize == 2:
+        if signed:
+            return _convert_strided(<const int16_t*>data, n, stride, out, num_experts)
+        return _convert_strided(<const uint16_t*>data, n, stride, out, num_experts)
+    if itemsize == 1:
+        if signed:
+            return _convert_strided(<const int8_t*>data, n, stride, out, num_experts)
+        return _convert_strided(<const uint8_t*>data, n, stride, out, num_experts)
+    raise _errors.dtype(str(arr.dtype))
+
+
+cdef cnp.ndarray _plain_integer_array(cnp.ndarray arr):
+    """``arr`` itself when C code can read it directly, else a native-order aligned copy."""
+    cdef int typenum = cnp.PyArray_TYPE(arr)
+    if not cnp.PyTypeNum_ISINTEGER(typenum) or typenum == cnp.NPY_BOOL:
+        raise _errors.dtype(str(arr.dtype))
+    if cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_ISALIGNED(arr):
+        return arr
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
+
+
+cdef inline char* _put_u64(char* p, uint64_t value) noexcept nogil:
+    cdef char digits[20]
+    cdef int n = 0
+    if value < 10:
+        p[0] = <char>(48 + value)
+        return p + 1
+    while value:
+        digits[n] = <char>(48 + value % 10)
+        value //= 10
+        n += 1
+    while n:
+        n -= 1
+        p[0] = digits[n]
+        p += 1
+    return p
+
+
+cdef char* _put_rows(char* p, IdBuf* rows, Py_ssize_t num_layers) noexcept nogil:
+    cdef Py_ssize_t layer
+    cdef size_t i
+    for layer in range(num_layers):
+        if layer:
+            p[0] = 44  # ','
+            p += 1
+        p[0] = 91  # '['
+        p += 1
+        for i in range(rows[layer].len):
+            if i:
+                p[0] = 44
+                p += 1
+            p = _put_u64(p, rows[layer].data[i])
+        p[0] = 93  # ']'
+        p += 1
+    return p
+
+
+cdef char* _put_text(char* p, const char* text, Py_ssize_t n) noexcept nogil:
+    memcpy(p, text, n)
+    return p + n
+
+
+cdef size_t _digits(uint64_t value) noexcept nogil:
+    cdef size_t n = 1
+    while value >= 10:
+        value //= 10
+        n += 1
+    return n
+
+
+cdef class RecorderCore:
+    """Counts, trace and predictions of one capture; see ``RouterHistogram``."""
+
+    cdef Py_ssize_t _num_layers
+    cdef uint64_t _num_experts
+    cdef Py_ssize_t _top_k
+    cdef Py_ssize_t _pred_k
+    cdef uint64_t* _counts
+    cdef uint64_t* _passes
+    cdef IdBuf* _trace
+    cdef IdBuf* _pred
+    cdef bint _self_test
+    cdef Py_ssize_t _logits_layer
+    cdef uint64_t _logits_pass
+    cdef object _logits
+    cdef bint _closed
+    cdef bint _ready
+
+    def __cinit__(self, *args, **kwargs):
+        self._counts = NULL
+        self._passes = NULL
+        self._trace = NULL
+        self._pred = NULL
+        self._logits = None
+        self._logits_layer = -1
+
+    def __init__(self, Py_ssize_t num_layers, uint64_t num_experts, Py_ssize_t top_k,
+                 bint trace, pilot, Py_ssize_t logits_layer, uint64_t logits_pass):
+        if self._ready:
+            raise RuntimeError("a recorder core is initialised once")
+        self._num_layers = num_layers
+        self._num_experts = num_experts
+        self._top_k = top_k
+        self._pred_k = 0
+        self._counts = <uint64_t*>calloc(max(num_layers * num_experts, 1), sizeof(uint64_t))
+        self._passes = <uint64_t*>calloc(max(num_layers, 1), sizeof(uint64_t))
+        if self._counts == NULL or self._passes == NULL:
+            raise MemoryError()
+        if trace:
+            self._trace = self._new_rows()
+        if pilot is not None:
+            self._pred = self._new_rows()
+        self._self_test = pilot == "self"
+        self._logits_layer = logits_layer
+        self._logits_pass = logits_pass
+        self._ready = True
+
+    cdef IdBuf* _new_rows(self) except NULL:
+        cdef IdBuf* rows = <IdBuf*>calloc(max(self._num_layers, 1), sizeof(IdBuf))
+        cdef Py_ssize_t layer
+        if rows == NULL:
+            raise MemoryError()
+        for layer in range(self._num_layers):
+            rows[layer].data = <uint32_t*>malloc(FIRST_CAPACITY * sizeof(uint32_t))
+            if rows[layer].data == NULL:
+                _free_rows(rows, layer)
+                raise MemoryError()
+            rows[layer].cap = FIRST_CAPACITY
+        return rows
+
+    def __dealloc__(self):
+        free(self._counts)
+        free(self._passes)
+        _free_rows(self._trace, self._num_layers)
+        _free_rows(self._pred, self._num_layers)
+
+    @property
+    def num_layers(self):
+        return self._num_layers
+
+    @property
+    def num_experts(self):
+        return self._num_experts
+
+    @property
+    def top_k(self):
+        return self._top_k
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def trace_enabled(self):
+        return self._trace != NULL
+
+    def pilot_offset(self):
+        return 0 if self._self_test else 1
+
+    def pilot_enabled(self):
+        return self._pred != NULL
+
+    cdef inline Py_ssize_t _layer(self, object layer) except -1:
+        cdef long long index
+        cdef int overflow
+        if PyLong_CheckExact(layer):
+            index = PyLong_AsLongLongAndOverflow(layer, &overflow)
+            if overflow == 0 and 0 <= index < self._num_layers:
+                return <Py_ssize_t>index
+        return _convert.check_layer(layer, self._num_layers)
+
+    cdef int _check_open(self) except -1:
+        if self._closed:
+            raise _errors.closed()
+        return 0
+
+    cdef int _one_id(self, object value, Py_ssize_t position, uint32_t* out) except -1:
+        cdef long long expert
+        cdef int overflow
+        if PyLong_CheckExact(value):
+            expert = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if overflow == 0 and 0 <= expert and <uint64_t>expert < self._num_experts:
+                out[0] = <uint32_t>expert
+                return 0
+        out[0] = <uint32_t>_convert.check_id(value, position, self._num_experts)
+        return 0
+
+    cdef Py_ssize_t _fill(self, object selected, uint32_t* local, uint32_t** out) except -1:
+        """Validate one pass's ids into ``local`` or a heap buffer (stored in ``out``); return n."""
+        cdef Py_ssize_t expected = self._top_k or self._pred_k
+        cdef Py_ssize_t n, i, stride, bad
+        cdef cnp.ndarray arr
+        cdef bint is_list
+        if isinstance(selected, (list, tuple)):
+            items = selected
+        elif cnp.PyArray_Check(selected) or _convert.is_array_like(selected):
+            arr = _convert.as_array(selected, _convert.ONE_D)
+            n = cnp.PyArray_DIM(arr, 0)
+            _convert.check_length(n, expected)
+            if arr.dtype.kind == "O":
+                items = arr.tolist()
+            else:
+                arr = _plain_integer_array(arr)
+                if n > STACK_IDS:
+                    out[0] = <uint32_t*>malloc(n * sizeof(uint32_t))
+                    if out[0] == NULL:
+                        raise MemoryError()
+                stride = cnp.PyArray_STRIDE(arr, 0)
+                bad = _convert_array(arr, n, stride, out[0], self._num_experts)
+                if bad >= 0:
+                    _convert.array_ids(arr, self._num_experts)  # raises, naming the id
+                return n
+        elif _convert.is_iterable_selection(selected):
+            items = list(selected)
+        else:
+            raise _errors.selection_type(selected)
+        is_list = isinstance(items, list)
+        n = PyList_GET_SIZE(items) if is_list else PyTuple_GET_SIZE(items)
+        _convert.check_length(n, expected)
+        if n > STACK_IDS:
+            out[0] = <uint32_t*>malloc(n * sizeof(uint32_t))
+            if out[0] == NULL:
+                raise MemoryError()
+        for i in range(n):
+            if is_list:
+                # An id's __index__ may run Python code that mutates the list.
+                if i >= PyList_GET_SIZE(items):
+                    raise RuntimeError("the selection changed size while it was being recorded")
+                self._one_id(<object>PyList_GET_ITEM(items, i), i, out[0] + i)
+            else:
+                self._one_id(<object>PyTuple_GET_ITEM(items, i), i, out[0] + i)
+        return n
+
+    cdef int _check_k(self, Py_ssize_t n) except -1:
+        # Re-checked after conversion: converting may have run Python code that
+        # let another thread learn top_k first.
+        cdef Py_ssize_t expected = self._top_k or self._pred_k
+        if expected and n != expected:
+            raise _errors.length(n, expected)
+        return 0
+
+    def record(self, layer, selected):
+        cdef uint32_t local[STACK_IDS]
+        cdef uint32_t* ids = local
+        cdef Py_ssize_t index, n, i
+        cdef uint64_t* row
+        self._check_open()
+        index = self._layer(layer)
+        try:
+            n = self._fill(selected, local, &ids)
+            self._check_k(n)
+            if self._trace != NULL:
+                _reserve(&self._trace[index], n)
+            row = self._counts + index * self._num_experts
+            for i in range(n):
+                row[ids[i]] += 1
+            if self._top_k == 0:
+                self._top_k = n
+            if self._trace != NULL:
+                memcpy(self._trace[index].data + self._trace[index].len, ids, n * sizeof(uint32_t))
+                self._trace[index].len += n
+            self._passes[index] += 1
+        finally:
+            if ids != local:
+                free(ids)
+
+    def record_prediction(self, layer, predicted):
+        cdef uint32_t local[STACK_IDS]
+        cdef uint32_t* ids = local
+        cdef Py_ssize_t index, n
+        self._check_open()
+        index = self._layer(layer)
+        try:
+            n = self._fill(predicted, local, &ids)
+            self._check_k(n)
+            if self._pred == NULL:
+                return
+            _reserve(&self._pred[index], n)
+            if self._top_k == 0 and self._pred_k == 0:
+                self._pred_k = n
+            memcpy(self._pred[index].data + self._pred[index].len, ids, n * sizeof(uint32_t))
+            self._pred[index].len += n
+        finally:
+            if ids != local:
+                free(ids)
+
+    def record_many(self, layer, selected):
+        cdef Py_ssize_t index, rows, width, total, i, bad
+        cdef cnp.ndarray arr
+        cdef uint32_t* ids
+        cdef uint32_t* scratch = NULL
+        cdef uint64_t* row
+        self._check_open()
+        index = self._layer(layer)
+        if not (isinstance(selected, (list, tuple)) or cnp.PyArray_Check(selected)
+                or _convert.is_array_like(selected)):
+            raise _errors.selection_type(selected)
+        arr = _convert.as_array(selected, _convert.TWO_D)
+        rows = cnp.PyArray_DIM(arr, 0)
+        width = cnp.PyArray_DIM(arr, 1)
+        _convert.check_length(width, self._top_k or self._pred_k)
+        if arr.dtype.kind == "O":
+            arr = _convert.array_ids(arr, self._num_experts)
+        else:
+            arr = np.ascontiguousarray(_plain_integer_array(arr))
+        if rows == 0:
+            return
+        total = rows * width
+        if self._trace != NULL:
+            # Convert straight into the trace's spare capacity: it becomes part
+            # of the trace only when len moves, after the whole call is valid.
+            _reserve(&self._trace[index], total)
+            ids = self._trace[index].data + self._trace[index].len
+        else:
+            scratch = <uint32_t*>malloc(total * sizeof(uint32_t))
+            if scratch == NULL:
+                raise MemoryError()
+            ids = scratch
+        try:
+            bad = _convert_array(arr, total, cnp.PyArray_ITEMSIZE(arr), ids, self._num_experts)
+            if bad >= 0:
+                _convert.array_ids(arr, self._num_experts)  # raises, naming the id
+            self._check_k(width)
+            row = self._counts + index * self._num_experts
+            for i in range(total):
+                row[ids[i]] += 1
+            if self._top_k == 0:
+                self._top_k = width
+            if self._trace != NULL:
+                self._trace[index].len += total
+            self._passes[index] += rows
+        finally:
+            free(scratch)
+
+    def record_router_logits(self, layer, logits):
+        cdef Py_ssize_t index, got
+        self._check_open()
+        index = self._layer(layer)
+        got = _convert.logits_length(logits)
+        if <uint64_t>got != self._num_experts:
+            raise _errors.logits_length(got, self._num_experts)
+        if index != self._logits_layer or self._passes[index] != self._logits_pass or self._logits is not None:
+            return
+        self._logits = _convert.logit_row(logits, self._num_experts)
+
+    def _mark_closed(self):
+        """Close for recording; True only for the call that did it."""
+        cdef bint was_open = not self._closed
+        self._closed = True
+        return was_open
+
+    def counts_array(self):
+        cdef cnp.ndarray out = np.empty((self._num_layers, self._num_experts), dtype=np.uint64)
+        memcpy(cnp.PyArray_DATA(out), self._counts, self._num_layers * self._num_experts * sizeof(uint64_t))
+        return out
+
+    def passes_array(self):
+        cdef cnp.ndarray out = np.empty(self._num_layers, dtype=np.uint64)
+        memcpy(cnp.PyArray_DATA(out), self._passes, self._num_layers * sizeof(uint64_t))
+        return out
+
+    def trace_array(self, layer):
+        cdef Py_ssize_t index = self._layer(layer)
+        if self._trace == NULL:
+            return None
+        return _rows_array(&self._trace[index], self._top_k)
+
+    def predictions_array(self, layer):
+        cdef Py_ssize_t index = self._layer(layer)
+        if self._pred == NULL:
+            return None
+        return _rows_array(&self._pred[index], self._top_k or self._pred_k)
+
+    def logits_capture(self):
+        if self._logits_layer < 0:
+            return None
+        return (self._logits_layer, self._logits_pass, self._logits)
+
+    def json_document(self, bytes tail):
+        """The JSON document up to ``router_logits``, followed by ``tail``."""
+        cdef size_t bound = 160 + len(tail)
+        cdef size_t id_width = _digits(self._num_experts) + 1
+        cdef Py_ssize_t layer
+        cdef uint64_t e
+        cdef char* buf
+        cdef char* p
+        cdef uint64_t* row
+        for layer in range(self._num_layers):
+            bound += 3 + 21 * self._num_experts
+            if self._trace != NULL:
+                bound += 3 + id_width * self._trace[layer].len
+            if self._pred != NULL:
+                bound += 3 + id_width * self._pred[layer].len
+        head = ('{"num_layers":%d,"num_experts":%d,"top_k":%d,"counts":['
+                % (self._num_layers, self._num_experts if self._num_layers else 0, self._top_k)).encode()
+        bound += len(head)
+        buf = <char*>malloc(bound)
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            p = _put_text(buf, head, len(head))
+            for layer in range(self._num_layers):
+                if layer:
+                    p[0] = 44
+                    p += 1
+                p[0] = 91
+                p += 1
+                row = self._counts + layer * self._num_experts
+                for e in range(self._num_experts):
+                    if e:
+                        p[0] = 44
+                        p += 1
+                    p = _put_u64(p, row[e])
+                p[0] = 93
+                p += 1
+            p[0] = 93
+            p += 1
+            if self._trace != NULL:
+                p = _put_text(p, b',"trace":[', 10)
+                p = _put_rows(p, self._trace, self._num_layers)
+                p[0] = 93
+                p += 1
+            if self._pred != NULL:
+                p = _put_text(p, b',"pred":[', 9)
+                p = _put_rows(p, self._pred, self._num_layers)
+                p[0] = 93
+                p += 1
+            p = _put_text(p, tail, len(tail))
+            return PyBytes_FromStringAndSize(buf, p - buf)
+        finally:
+            free(buf)
+
+
+cdef void _free_rows(IdBuf* rows, Py_ssize_t count) noexcept:
+    cdef Py_ssize_t layer
+    if rows == NULL:
+        return
+    for layer in range(count):
+        free(rows[layer].data)
+    free(rows)
+
+
+cdef object _rows_array(IdBuf* buf, Py_ssize_t width):
+    cdef cnp.ndarray out = np.empty(buf.len, dtype=np.uint32)
+    if buf.len:
+        memcpy(cnp.PyArray_DATA(out), buf.data, buf.len * sizeof(uint32_t))
+    if width == 0:
+        return out.reshape(0, 0)
+    return out.reshape(-1, width)

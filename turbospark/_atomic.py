@@ -1,0 +1,61 @@
+"""Atomic file replacement, so a capture on disk is always whole.
+
+The bytes go to a temporary file in the destination's own directory (so the
+final ``os.replace`` is a same-filesystem rename), are flushed to disk, and
+only then replace the destination. On any failure the temporary file is
+removed and an earlier file at the path is left untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+
+
+def _umask() -> int:
+    # /proc avoids os.umask's set-and-restore, which races with other threads.
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _final_mode(path: str) -> int:
+    """Keep an existing file's permissions; a new one gets 0o666 less the umask, as open() would."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically; raise OSError and leave no temporary file on failure."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, _final_mode(path))
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def describe_os_error(error: BaseException) -> str:
+    """An error as Rust's ``io::Error`` displays it (``No such file or directory (os error 2)``)."""
+    if isinstance(error, OSError) and error.errno is not None and error.strerror:
+        return f"{error.strerror} (os error {error.errno})"
+    return str(error) or type(error).__name__

@@ -1,0 +1,137 @@
+"""Validation and conversion of user input, shared by both recorder cores.
+
+The pure-Python core uses these for everything; the compiled core handles
+lists, tuples and integer ndarrays itself and falls back to these for the
+rare shapes of input (object arrays, buffers, ``__array__`` objects, ragged
+nested lists, logit rows), so both cores accept and reject exactly the same
+things with the same messages.
+"""
+
+from __future__ import annotations
+
+import operator
+from array import array
+from typing import Any
+
+import numpy as np
+
+from . import _errors
+
+_BOOLS = (bool, np.bool_)
+ONE_D = "1-D"
+TWO_D = "a 2-D (n, top_k) array"
+
+
+def check_layer(layer: Any, num_layers: int) -> int:
+    """Return ``layer`` as an int in ``[0, num_layers)``; raise TypeError or IndexError."""
+    if isinstance(layer, _BOOLS):
+        raise _errors.layer_type(layer)
+    try:
+        index = operator.index(layer)
+    except TypeError:
+        raise _errors.layer_type(layer) from None
+    if not 0 <= index < num_layers:
+        raise _errors.layer_range(index, num_layers)
+    return index
+
+
+def check_id(value: Any, position: Any, num_experts: int) -> int:
+    """Return one expert id as an int in ``[0, num_experts)``; raise TypeError or ValueError."""
+    if isinstance(value, _BOOLS):
+        raise _errors.id_type(value, position)
+    try:
+        expert = operator.index(value)
+    except TypeError:
+        raise _errors.id_type(value, position) from None
+    if not 0 <= expert < num_experts:
+        raise _errors.id_range(expert, position, num_experts)
+    return expert
+
+
+def is_array_like(obj: Any) -> bool:
+    """True for objects numpy reads as arrays: ``__array__``, the array interface, buffers."""
+    if hasattr(obj, "__array__") or hasattr(obj, "__array_interface__"):
+        return True
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def is_iterable_selection(obj: Any) -> bool:
+    """True for iterables that are not text, which are read id by id."""
+    return hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes))
+
+
+def as_array(selected: Any, wanted: str) -> np.ndarray:
+    """``selected`` as an integer (or object) ndarray of the wanted rank; raise TypeError or ValueError."""
+    if isinstance(selected, np.ndarray):
+        arr = selected
+    else:
+        try:
+            arr = np.asarray(selected)
+        except ValueError:
+            # Ragged nested lists: numpy cannot build a rectangle from them.
+            raise _errors.ndim((len(selected),), wanted) from None
+    if arr.dtype.kind not in "iuO":
+        raise _errors.dtype(str(arr.dtype))
+    if arr.ndim != (1 if wanted == ONE_D else 2):
+        raise _errors.ndim(arr.shape, wanted)
+    return arr
+
+
+def check_length(got: int, expected: int) -> None:
+    """Raise ValueError for an empty selection, or one whose length is not the known top_k."""
+    if got == 0:
+        raise _errors.empty()
+    if expected and got != expected:
+        raise _errors.length(got, expected)
+
+
+def position(shape: tuple[int, ...], flat: int) -> Any:
+    """The index of flat element ``flat`` as users see it: an int in 1-D, (row, column) in 2-D."""
+    if len(shape) == 1:
+        return flat
+    return (flat // shape[1], flat % shape[1])
+
+
+def array_ids(arr: np.ndarray, num_experts: int) -> np.ndarray:
+    """Range-check an integer or object array of any shape; return its ids as C-ordered uint32."""
+    if arr.dtype.kind == "O":
+        flat_values = arr.ravel().tolist()
+        for flat, value in enumerate(flat_values):
+            check_id(value, position(arr.shape, flat), num_experts)
+        return np.array(flat_values, dtype=np.uint32).reshape(arr.shape)
+    bad = (arr < 0) | (arr >= num_experts)
+    if bad.any():
+        flat = int(np.flatnonzero(bad.ravel())[0])
+        raise _errors.id_range(int(arr.ravel()[flat]), position(arr.shape, flat), num_experts)
+    return np.ascontiguousarray(arr, dtype=np.uint32)
+
+
+def sequence_ids(items: Any, num_experts: int) -> list[int]:
+    """Check each id of a list or tuple in position order; return them as ints."""
+    return [check_id(value, index, num_experts) for index, value in enumerate(items)]
+
+
+def logit_row(logits: Any, num_experts: int) -> array:
+    """One router-logit row as float32 values; raise TypeError or ValueError."""
+    try:
+        values = np.asarray(logits)
+    except (TypeError, ValueError):
+        raise _errors.logits_type(logits) from None
+    if values.dtype.kind not in "iuf":
+        raise _errors.logits_type(logits)
+    if values.shape != (num_experts,):
+        raise _errors.logits_length(values.size, num_experts)
+    with np.errstate(over="ignore"):
+        return array("f", values.astype(np.float32).tobytes())
+
+
+def logits_length(logits: Any) -> int:
+    """``len(logits)``, or TypeError naming the value when it has no length."""
+    try:
+        return len(logits)
+    except TypeError:
+        raise _errors.logits_type(logits) from None

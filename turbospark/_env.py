@@ -1,0 +1,87 @@
+"""Reads the reference's environment variables, with the reference's semantics.
+
+Presence is what counts for the switches (``TURBOSPARK_ROUTER_TRACE=0``
+turns the trace ON, exactly as Rust's ``var_os(..).is_some()`` does), and
+the logit-row coordinates parse as Rust parses a ``usize``. Where the
+reference silently ignores a setting we ignore it too, but say so with a
+``RuntimeWarning``: a capture that quietly lacks the row someone asked for
+costs a whole rerun.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+HIST = "TURBOSPARK_ROUTER_HIST"
+TRACE = "TURBOSPARK_ROUTER_TRACE"
+PILOT = "TURBOSPARK_PILOT_PROBE"
+LOGITS_LAYER = "TURBOSPARK_ROUTER_LOGITS_LAYER"
+LOGITS_PASS = "TURBOSPARK_ROUTER_LOGITS_PASS"
+
+_USIZE = re.compile(r"\+?[0-9]+\Z", re.ASCII)
+_USIZE_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """What the environment asks a recorder for."""
+
+    path: str
+    trace: bool
+    pilot: Optional[str]
+    router_logits: Optional[tuple[int, int]]
+
+
+def parse_usize(text: str) -> Optional[int]:
+    """``text`` parsed as Rust's ``str::parse::<usize>`` would (64-bit), or None."""
+    if not _USIZE.match(text):
+        return None
+    value = int(text)
+    return value if value <= _USIZE_MAX else None
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _router_logits(environ: Mapping[str, str], num_layers: int) -> Optional[tuple[int, int]]:
+    raw_layer = environ.get(LOGITS_LAYER)
+    raw_pass = environ.get(LOGITS_PASS)
+    if raw_layer is None and raw_pass is None:
+        return None
+    layer = None if raw_layer is None else parse_usize(raw_layer)
+    pass_ = None if raw_pass is None else parse_usize(raw_pass)
+    for name, raw, value in ((LOGITS_LAYER, raw_layer, layer), (LOGITS_PASS, raw_pass, pass_)):
+        if raw is not None and value is None:
+            _warn(f"ignoring {name}={raw!r}: not a non-negative integer; no router-logit row is captured")
+    if layer is None or pass_ is None:
+        if (raw_layer is None) != (raw_pass is None):
+            present, missing = (LOGITS_LAYER, LOGITS_PASS) if raw_pass is None else (LOGITS_PASS, LOGITS_LAYER)
+            _warn(f"ignoring {present}={environ[present]!r}: {missing} is not set; no router-logit row is captured")
+        return None
+    if layer >= num_layers:
+        _warn(
+            f"ignoring {LOGITS_LAYER}={raw_layer!r}: the model has {num_layers} layers; "
+            "no router-logit row is captured"
+        )
+        return None
+    return (layer, pass_)
+
+
+def config_from_env(num_layers: int, environ: Optional[Mapping[str, str]] = None) -> Optional[EnvConfig]:
+    """The recorder configuration the environment asks for, or None when recording is off."""
+    env = os.environ if environ is None else environ
+    path = env.get(HIST)
+    if not path:
+        return None
+    probe = env.get(PILOT)
+    return EnvConfig(
+        path=path,
+        trace=TRACE in env,
+        pilot=None if probe is None else ("self" if probe == "self" else "next"),
+        router_logits=_router_logits(env, num_layers),
+    )

@@ -1,0 +1,248 @@
+"""``RouterHistogram``: the public recorder, a thin facade over the chosen core.
+
+The facade is a subclass of the core, not a wrapper around it, so the hot
+methods (``record``, ``record_many``, ``record_prediction``,
+``record_router_logits``) are the core's own and a call costs no extra Python
+frame. The facade adds what is not per-call: argument checking at
+construction, environment parsing, the router-logits part of the JSON, and the
+file lifecycle (atomic writes, close, write-on-drop, write-at-exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import operator
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _env
+from ._atomic import describe_os_error, write_atomic
+from ._backend import BACKEND, RecorderCore
+from ._f32display import format_f32_row
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# Every open recorder, so that interpreter exit can write the ones still open.
+_live: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Re-entrant: a garbage collection inside the lock may run __del__ -> close().
+_live_lock = threading.RLock()
+
+_PILOTS = (None, "next", "self")
+
+
+def _whole(name: str, value: Any, minimum: int, maximum: Optional[int] = None) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise ValueError(f"{name} must be {bound}, got {number}")
+    return number
+
+
+def _path_text(path: Any) -> str:
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}") from None
+    if not text:
+        raise ValueError("path must not be empty")
+    return text
+
+
+def _logits_request(router_logits: Any, num_layers: int) -> tuple[int, int]:
+    if router_logits is None:
+        return (-1, 0)
+    try:
+        layer, pass_ = router_logits
+    except (TypeError, ValueError):
+        raise TypeError(f"router_logits must be None or a (layer, pass) pair, got {router_logits!r}") from None
+    layer = _whole("router_logits layer", layer, 0, num_layers - 1 if num_layers else -1)
+    return (layer, _whole("router_logits pass", pass_, 0, 2**64 - 1))
+
+
+class _Facade:
+    """Everything of ``RouterHistogram`` that is not a per-call hot path."""
+
+    _path: str
+    _owner_pid: int
+
+    def __init__(
+        self,
+        path: PathLike,
+        num_layers: int,
+        num_experts: int,
+        top_k: int = 0,
+        *,
+        trace: bool = False,
+        pilot: Optional[str] = None,
+        router_logits: Optional[tuple[int, int]] = None,
+    ) -> None:
+        text = _path_text(path)
+        layers = _whole("num_layers", num_layers, 0)
+        experts = _whole("num_experts", num_experts, 1, 2**32)
+        k = _whole("top_k", top_k, 0)
+        if pilot not in _PILOTS:
+            raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
+        logits_layer, logits_pass = _logits_request(router_logits, layers)
+        super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)  # type: ignore[call-arg]
+        self._path = text
+        self._owner_pid = os.getpid()
+        with _live_lock:
+            _live.add(self)
+
+    @classmethod
+    def from_env(cls, num_layers: int, num_experts: int, top_k: int = 0) -> Optional["RouterHistogram"]:
+        """A recorder configured by the ``TURBOSPARK_*`` variables, or None when recording is off.
+
+        None when ``TURBOSPARK_ROUTER_HIST`` is unset or empty, or when
+        ``num_experts`` is 0 (a dense model has nothing to count), exactly as
+        the reference. An unusable router-logits setting is ignored with a
+        ``RuntimeWarning``. Raises TypeError/ValueError for invalid sizes.
+        """
+        _whole("num_layers", num_layers, 0)
+        _whole("num_experts", num_experts, 0)
+        _whole("top_k", top_k, 0)
+        if not os.environ.get(_env.HIST) or num_experts == 0:
+            return None
+        config = _env.config_from_env(num_layers)
+        assert config is not None
+        return cls(  # type: ignore[return-value]
+            config.path,
+            num_layers,
+            num_experts,
+            top_k,
+            trace=config.trace,
+            pilot=config.pilot,
+            router_logits=config.router_logits,
+        )
+
+    @property
+    def path(self) -> str:
+        """Where ``close()`` (and ``write()`` without an argument) writes the capture."""
+        return self._path
+
+    @property
+    def counts(self) -> np.ndarray:
+        """A copy of the counts: (num_layers, num_experts) uint64."""
+        return self.counts_array()  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def passes(self) -> np.ndarray:
+        """A copy of the routed-pass count of each layer: (num_layers,) uint64."""
+        return self.passes_array()  # type: ignore[attr-defined, no-any-return]
+
+    def trace(self, layer: int) -> Optional[np.ndarray]:
+        """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off."""
+        return self.trace_array(layer)  # type: ignore[attr-defined, no-any-return]
+
+    def predictions(self, layer: int) -> Optional[np.ndarray]:
+        """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
+        return self.predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
+
+    def _document(self) -> bytes:
+        capture = self.logits_capture()  # type: ignore[attr-defined]
+        if capture is None:
+            tail = b"}"
+        else:
+            layer, pass_, values = capture
+            row = "null" if values is None else format_f32_row(values)
+            tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}}}'.encode("ascii")
+        return self.json_document(tail)  # type: ignore[attr-defined, no-any-return]
+
+    def to_json(self) -> str:
+        """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
+        return self._document().decode("ascii")
+
+    def write(self, path: Optional[PathLike] = None) -> None:
+        """Write the capture now, atomically, to ``path`` (default: ``self.path``); raise OSError on failure."""
+        write_atomic(self._path if path is None else _path_text(path), self._document())
+
+    def close(self) -> None:
+        """Stop recording and write the capture once, reporting on stderr; never raises, idempotent.
+
+        Only the process that created the recorder writes: a forked child's
+        copy closes silently, so it can never overwrite the parent's capture.
+        """
+        if not self._mark_closed():  # type: ignore[attr-defined]
+            return
+        with _live_lock:
+            _live.discard(self)
+        if os.getpid() != self._owner_pid:
+            return
+        try:
+            self.write()
+        except Exception as exc:  # noqa: BLE001 -- close() must never raise
+            _report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
+        else:
+            _report(f"[router-hist] wrote {self._path}")
+
+    def __enter__(self) -> "_Facade":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A constructor that raised leaves no _owner_pid: nothing to write.
+        if getattr(self, "_owner_pid", None) is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        pilot = ("self" if self.pilot_offset() == 0 else "next") if self.pilot_enabled() else None  # type: ignore[attr-defined]
+        return (
+            f"<RouterHistogram path={self._path!r} layers={self.num_layers} experts={self.num_experts} "  # type: ignore[attr-defined]
+            f"top_k={self.top_k} trace={self.trace_enabled} pilot={pilot!r} closed={self.closed}>"  # type: ignore[attr-defined]
+        )
+
+
+def _report(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 -- stderr may be gone at interpreter exit
+        pass
+
+
+class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
+    """Per-layer router top-k histogram, with optional trace, pilot probe and logit row.
+
+    ``RouterHistogram(path, num_layers, num_experts, top_k=0, *, trace=False,
+    pilot=None, router_logits=None)``: ``top_k == 0`` learns it from the first
+    ``record``; ``pilot`` is None, ``"next"`` or ``"self"``; ``router_logits``
+    is None or a ``(layer, pass)`` pair. ``RouterHistogram.from_env(...)``
+    configures it from the ``TURBOSPARK_*`` variables instead.
+
+    Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d)``,
+    ``record_prediction(layer, ids)``, ``record_router_logits(layer, row)``.
+    A rejected call raises (IndexError for the layer, TypeError for non-integer
+    input, ValueError for bad ids, lengths or shapes) and records nothing.
+    """
+
+
+@functools.lru_cache(maxsize=None)
+def recorder_class(core: type) -> type:
+    """``RouterHistogram`` built on a given core class (tests compare the two backends in one process)."""
+    if core is RecorderCore:
+        return RouterHistogram
+    return type("RouterHistogram", (_Facade, core), {"__doc__": RouterHistogram.__doc__, "__module__": __name__})
+
+
+@atexit.register
+def _close_all() -> None:
+    """Write every recorder still open at interpreter exit, as the reference writes on drop."""
+    with _live_lock:
+        recorders = list(_live)
+    for recorder in recorders:
+        recorder.close()
+
+
+__all__ = ["BACKEND", "RouterHistogram", "recorder_class"]
