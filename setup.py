@@ -19,7 +19,7 @@ extensions = [
     Extension(
         "turbospark._recorder",
         ["csrc/_recorder.pyx"],
-        include_dirs=[numpy.get_include()],
+        include_dirs=[numpy.get_include(), "csrc"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
 ]

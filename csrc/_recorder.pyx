@@ -22,12 +22,20 @@ from turbospark import _convert, _errors
 
 cnp.import_array()
 
+cdef extern from "_fastint.h":
+    bint ts_compact_int(PyObject* op, long long* value)
+
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
+    bint PyList_CheckExact(object)
+    bint PyTuple_CheckExact(object)
     Py_ssize_t PyList_GET_SIZE(object)
     PyObject* PyList_GET_ITEM(object, Py_ssize_t)
     Py_ssize_t PyTuple_GET_SIZE(object)
     PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)
+    PyObject** PySequence_Fast_ITEMS(object)
+    # The same check on a borrowed pointer, so Cython adds no INCREF/DECREF.
+    bint _is_exact_int "PyLong_CheckExact"(PyObject*)
 
 # Selections up to this many ids are converted on the stack; top-k routing
 # never comes close, so the heap is only touched by unusual callers.
@@ -262,129 +270,41 @@ cdef class RecorderCore:
     def pilot_enabled(self):
         return self._pred != NULL
 
-    cdef inline Py_ssize_t _layer(self, object layer) except -1:
-        cdef long long index
-        cdef int overflow
-        if PyLong_CheckExact(layer):
-            index = PyLong_AsLongLongAndOverflow(layer, &overflow)
-            if overflow == 0 and 0 <= index < self._num_layers:
-                return <Py_ssize_t>index
-        return _convert.check_layer(layer, self._num_layers)
-
-    cdef int _check_open(self) except -1:
-        if self._closed:
-            raise _errors.closed()
-        return 0
-
-    cdef int _one_id(self, object value, Py_ssize_t position, uint32_t* out) except -1:
-        cdef long long expert
-        cdef int overflow
-        if PyLong_CheckExact(value):
-            expert = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if overflow == 0 and 0 <= expert and <uint64_t>expert < self._num_experts:
-                out[0] = <uint32_t>expert
-                return 0
-        out[0] = <uint32_t>_convert.check_id(value, position, self._num_experts)
-        return 0
-
-    cdef Py_ssize_t _fill(self, object selected, uint32_t* local, uint32_t** out) except -1:
-        """Validate one pass's ids into ``local`` or a heap buffer (stored in ``out``); return n."""
-        cdef Py_ssize_t expected = self._top_k or self._pred_k
-        cdef Py_ssize_t n, i, stride, bad
-        cdef cnp.ndarray arr
-        cdef bint is_list
-        if isinstance(selected, (list, tuple)):
-            items = selected
-        elif cnp.PyArray_Check(selected) or _convert.is_array_like(selected):
-            arr = _convert.as_array(selected, _convert.ONE_D)
-            n = cnp.PyArray_DIM(arr, 0)
-            _convert.check_length(n, expected)
-            if arr.dtype.kind == "O":
-                items = arr.tolist()
-            else:
-                arr = _plain_integer_array(arr)
-                if n > STACK_IDS:
-                    out[0] = <uint32_t*>malloc(n * sizeof(uint32_t))
-                    if out[0] == NULL:
-                        raise MemoryError()
-                stride = cnp.PyArray_STRIDE(arr, 0)
-                bad = _convert_array(arr, n, stride, out[0], self._num_experts)
-                if bad >= 0:
-                    _convert.array_ids(arr, self._num_experts)  # raises, naming the id
-                return n
-        elif _convert.is_iterable_selection(selected):
-            items = list(selected)
-        else:
-            raise _errors.selection_type(selected)
-        is_list = isinstance(items, list)
-        n = PyList_GET_SIZE(items) if is_list else PyTuple_GET_SIZE(items)
-        _convert.check_length(n, expected)
-        if n > STACK_IDS:
-            out[0] = <uint32_t*>malloc(n * sizeof(uint32_t))
-            if out[0] == NULL:
-                raise MemoryError()
-        for i in range(n):
-            if is_list:
-                # An id's __index__ may run Python code that mutates the list.
-                if i >= PyList_GET_SIZE(items):
-                    raise RuntimeError("the selection changed size while it was being recorded")
-                self._one_id(<object>PyList_GET_ITEM(items, i), i, out[0] + i)
-            else:
-                self._one_id(<object>PyTuple_GET_ITEM(items, i), i, out[0] + i)
-        return n
-
-    cdef int _check_k(self, Py_ssize_t n) except -1:
-        # Re-checked after conversion: converting may have run Python code that
-        # let another thread learn top_k first.
-        cdef Py_ssize_t expected = self._top_k or self._pred_k
-        if expected and n != expected:
-            raise _errors.length(n, expected)
-        return 0
-
     def record(self, layer, selected):
         cdef uint32_t local[STACK_IDS]
-        cdef uint32_t* ids = local
-        cdef Py_ssize_t index, n, i
-        cdef uint64_t* row
-        self._check_open()
-        index = self._layer(layer)
-        try:
-            n = self._fill(selected, local, &ids)
-            self._check_k(n)
-            if self._trace != NULL:
-                _reserve(&self._trace[index], n)
-            row = self._counts + index * self._num_experts
-            for i in range(n):
-                row[ids[i]] += 1
-            if self._top_k == 0:
-                self._top_k = n
-            if self._trace != NULL:
-                memcpy(self._trace[index].data + self._trace[index].len, ids, n * sizeof(uint32_t))
-                self._trace[index].len += n
-            self._passes[index] += 1
-        finally:
-            if ids != local:
-                free(ids)
+        cdef Py_ssize_t index, n = 0
+        cdef int kind
+        if self._closed:
+            raise _errors.closed()
+        index = _layer_index(self, layer)
+        kind = _kind(selected, &n)
+        if kind == OTHER:
+            selected = _normalize(selected)
+            kind = _kind(selected, &n)
+        _expect(self, n)
+        if n <= STACK_IDS:
+            _convert_into(self, selected, kind, n, local)
+            _commit_selection(self, index, local, n)
+        else:
+            _on_heap(self, index, selected, kind, n, _commit_selection)
 
     def record_prediction(self, layer, predicted):
         cdef uint32_t local[STACK_IDS]
-        cdef uint32_t* ids = local
-        cdef Py_ssize_t index, n
-        self._check_open()
-        index = self._layer(layer)
-        try:
-            n = self._fill(predicted, local, &ids)
-            self._check_k(n)
-            if self._pred == NULL:
-                return
-            _reserve(&self._pred[index], n)
-            if self._top_k == 0 and self._pred_k == 0:
-                self._pred_k = n
-            memcpy(self._pred[index].data + self._pred[index].len, ids, n * sizeof(uint32_t))
-            self._pred[index].len += n
-        finally:
-            if ids != local:
-                free(ids)
+        cdef Py_ssize_t index, n = 0
+        cdef int kind
+        if self._closed:
+            raise _errors.closed()
+        index = _layer_index(self, layer)
+        kind = _kind(predicted, &n)
+        if kind == OTHER:
+            predicted = _normalize(predicted)
+            kind = _kind(predicted, &n)
+        _expect(self, n)
+        if n <= STACK_IDS:
+            _convert_into(self, predicted, kind, n, local)
+            _commit_prediction(self, index, local, n)
+        else:
+            _on_heap(self, index, predicted, kind, n, _commit_prediction)
 
     def record_many(self, layer, selected):
         cdef Py_ssize_t index, rows, width, total, i, bad
@@ -392,8 +312,9 @@ cdef class RecorderCore:
         cdef uint32_t* ids
         cdef uint32_t* scratch = NULL
         cdef uint64_t* row
-        self._check_open()
-        index = self._layer(layer)
+        if self._closed:
+            raise _errors.closed()
+        index = _layer_index(self, layer)
         if not (isinstance(selected, (list, tuple)) or cnp.PyArray_Check(selected)
                 or _convert.is_array_like(selected)):
             raise _errors.selection_type(selected)
@@ -422,7 +343,7 @@ cdef class RecorderCore:
             bad = _convert_array(arr, total, cnp.PyArray_ITEMSIZE(arr), ids, self._num_experts)
             if bad >= 0:
                 _convert.array_ids(arr, self._num_experts)  # raises, naming the id
-            self._check_k(width)
+            _recheck_k(self, width)
             row = self._counts + index * self._num_experts
             for i in range(total):
                 row[ids[i]] += 1
@@ -436,8 +357,9 @@ cdef class RecorderCore:
 
     def record_router_logits(self, layer, logits):
         cdef Py_ssize_t index, got
-        self._check_open()
-        index = self._layer(layer)
+        if self._closed:
+            raise _errors.closed()
+        index = _layer_index(self, layer)
         got = _convert.logits_length(logits)
         if <uint64_t>got != self._num_experts:
             raise _errors.logits_length(got, self._num_experts)
@@ -462,13 +384,13 @@ cdef class RecorderCore:
         return out
 
     def trace_array(self, layer):
-        cdef Py_ssize_t index = self._layer(layer)
+        cdef Py_ssize_t index = _layer_index(self, layer)
         if self._trace == NULL:
             return None
         return _rows_array(&self._trace[index], self._top_k)
 
     def predictions_array(self, layer):
-        cdef Py_ssize_t index = self._layer(layer)
+        cdef Py_ssize_t index = _layer_index(self, layer)
         if self._pred == NULL:
             return None
         return _rows_array(&self._pred[index], self._top_k or self._pred_k)
@@ -531,6 +453,167 @@ cdef class RecorderCore:
             return PyBytes_FromStringAndSize(buf, p - buf)
         finally:
             free(buf)
+
+
+
+# -- the per-call path of record and record_prediction ----------------------
+# Module-level cdef functions rather than methods: direct C calls the
+# compiler can inline, where a cdef method goes through the vtable.
+
+cdef enum:
+    OTHER = 0
+    LIST = 1
+    TUPLE = 2
+    ARRAY = 3
+
+ctypedef int (*commit_fn)(RecorderCore, Py_ssize_t, const uint32_t*, Py_ssize_t) except -1
+
+
+cdef inline Py_ssize_t _layer_index(RecorderCore self, object layer) except -1:
+    cdef long long index
+    if PyLong_CheckExact(layer) and ts_compact_int(<PyObject*>layer, &index) and 0 <= index < self._num_layers:
+        return <Py_ssize_t>index
+    return _convert.check_layer(layer, self._num_layers)
+
+
+cdef inline int _kind(object selected, Py_ssize_t* n) noexcept:
+    """LIST, TUPLE or ARRAY (1-D integer, native, aligned) with its length in ``n``; else OTHER."""
+    cdef int typenum
+    if PyList_CheckExact(selected):
+        n[0] = PyList_GET_SIZE(selected)
+        return LIST
+    if PyTuple_CheckExact(selected):
+        n[0] = PyTuple_GET_SIZE(selected)
+        return TUPLE
+    if cnp.PyArray_CheckExact(selected):
+        typenum = cnp.PyArray_TYPE(<cnp.ndarray>selected)
+        if (cnp.PyArray_NDIM(<cnp.ndarray>selected) == 1 and cnp.PyTypeNum_ISINTEGER(typenum)
+                and typenum != cnp.NPY_BOOL and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>selected)
+                and cnp.PyArray_ISALIGNED(<cnp.ndarray>selected)):
+            n[0] = cnp.PyArray_DIM(<cnp.ndarray>selected, 0)
+            return ARRAY
+    return OTHER
+
+
+cdef object _normalize(object selected):
+    """Any other accepted selection as a plain list or ndarray; raise as the pure-Python core does."""
+    if isinstance(selected, (list, tuple)):
+        return list(selected)
+    if cnp.PyArray_Check(selected) or _convert.is_array_like(selected):
+        arr = _convert.as_array(selected, _convert.ONE_D)
+        if arr.dtype.kind == "O":
+            return arr.tolist()
+        return np.asarray(_plain_integer_array(arr))
+    if _convert.is_iterable_selection(selected):
+        return list(selected)
+    raise _errors.selection_type(selected)
+
+
+cdef inline int _expect(RecorderCore self, Py_ssize_t n) except -1:
+    cdef Py_ssize_t expected = self._top_k or self._pred_k
+    if n == 0 or (expected and n != expected):
+        _convert.check_length(n, expected)  # raises, with the message both cores share
+    return 0
+
+
+cdef inline int _recheck_k(RecorderCore self, Py_ssize_t n) except -1:
+    # Converting may run Python code (an id's __index__) that lets another
+    # thread learn top_k first; the commit must still agree with it.
+    cdef Py_ssize_t expected = self._top_k or self._pred_k
+    if expected and n != expected:
+        raise _errors.length(n, expected)
+    return 0
+
+
+cdef inline int _convert_into(RecorderCore self, object selected, int kind, Py_ssize_t n,
+                              uint32_t* ids) except -1:
+    cdef Py_ssize_t i
+    cdef PyObject** items
+    cdef long long value
+    if kind == ARRAY:
+        if _convert_array(<cnp.ndarray>selected, n, cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0),
+                          ids, self._num_experts) >= 0:
+            _convert.array_ids(selected, self._num_experts)  # raises, naming the id
+        return 0
+    if kind == OTHER:
+        raise _errors.selection_type(selected)
+    # Exact small ints are read in place; no Python code runs, so the item
+    # array cannot move under us until the first id that needs the slow path.
+    items = PySequence_Fast_ITEMS(selected)
+    for i in range(n):
+        if (_is_exact_int(items[i]) and ts_compact_int(items[i], &value)
+                and 0 <= value and <uint64_t>value < self._num_experts):
+            ids[i] = <uint32_t>value
+        else:
+            return _convert_items_slowly(self, selected, kind, n, ids, i)
+    return 0
+
+
+cdef int _convert_items_slowly(RecorderCore self, object selected, int kind, Py_ssize_t n,
+                               uint32_t* ids, Py_ssize_t start) except -1:
+    """Ids from ``start`` on, any of which may run Python code (``__index__``)."""
+    cdef Py_ssize_t i
+    cdef PyObject* item
+    for i in range(start, n):
+        if kind == LIST:
+            # That code may shrink the list.
+            if i >= PyList_GET_SIZE(selected):
+                raise RuntimeError("the selection changed size while it was being recorded")
+            item = PyList_GET_ITEM(selected, i)
+        else:
+            item = PyTuple_GET_ITEM(selected, i)
+        ids[i] = <uint32_t>_convert.check_id(<object>item, i, self._num_experts)
+    return 0
+
+
+cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uint32_t* ids,
+                                  Py_ssize_t n) except -1:
+    cdef Py_ssize_t i
+    cdef uint64_t* row = self._counts + index * self._num_experts
+    cdef IdBuf* trace
+    _recheck_k(self, n)
+    if self._trace != NULL:
+        trace = &self._trace[index]
+        if trace.len + n > trace.cap:
+            _reserve(trace, n)
+        memcpy(trace.data + trace.len, ids, n * sizeof(uint32_t))
+        trace.len += n
+    for i in range(n):
+        row[ids[i]] += 1
+    if self._top_k == 0:
+        self._top_k = n
+    self._passes[index] += 1
+    return 0
+
+
+cdef inline int _commit_prediction(RecorderCore self, Py_ssize_t index, const uint32_t* ids,
+                                   Py_ssize_t n) except -1:
+    cdef IdBuf* pred
+    _recheck_k(self, n)
+    if self._pred == NULL:
+        return 0
+    pred = &self._pred[index]
+    if pred.len + n > pred.cap:
+        _reserve(pred, n)
+    memcpy(pred.data + pred.len, ids, n * sizeof(uint32_t))
+    pred.len += n
+    if self._top_k == 0 and self._pred_k == 0:
+        self._pred_k = n
+    return 0
+
+
+cdef int _on_heap(RecorderCore self, Py_ssize_t index, object selected, int kind, Py_ssize_t n,
+                  commit_fn commit) except -1:
+    """The rare selection longer than STACK_IDS: the same steps on a heap buffer."""
+    cdef uint32_t* ids = <uint32_t*>malloc(n * sizeof(uint32_t))
+    if ids == NULL:
+        raise MemoryError()
+    try:
+        _convert_into(self, selected, kind, n, ids)
+        commit(self, index, ids, n)
+    finally:
+        free(ids)
+    return 0
 
 
 cdef void _free_rows(IdBuf* rows, Py_ssize_t count) noexcept:

@@ -36,7 +36,20 @@ def _final_mode(path: str) -> int:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically; raise OSError and leave no temporary file on failure."""
+    """Replace ``path`` with ``data`` atomically; raise OSError and leave no temporary file on failure.
+
+    A destination that exists and is not a regular file (``/dev/null``, a
+    FIFO, ``/dev/stdout``) is written in place: replacing it would swap a
+    device for a regular file.
+    """
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        special = False
+    if special:
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:

@@ -1,0 +1,40 @@
+/* Read a small exact Python int without a function call.
+ *
+ * Expert ids are tiny ints, which CPython stores "compact" (one digit). This
+ * reads them directly; anything else (big ints, other implementations) goes
+ * through the public, slower PyLong_AsLongLongAndOverflow.
+ */
+#ifndef TURBOSPARK_FASTINT_H
+#define TURBOSPARK_FASTINT_H
+#include <Python.h>
+
+#if defined(PYPY_VERSION) || defined(Py_LIMITED_API)
+static inline int ts_compact_int(PyObject *op, long long *value) {
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(op, &overflow);
+    return overflow == 0;
+}
+#elif PY_VERSION_HEX >= 0x030C0000
+static inline int ts_compact_int(PyObject *op, long long *value) {
+    if (PyUnstable_Long_IsCompact((PyLongObject *)op)) {
+        *value = (long long)PyUnstable_Long_CompactValue((PyLongObject *)op);
+        return 1;
+    }
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(op, &overflow);
+    return overflow == 0;
+}
+#else
+static inline int ts_compact_int(PyObject *op, long long *value) {
+    Py_ssize_t size = Py_SIZE(op);
+    if (size >= -1 && size <= 1) {
+        *value = (long long)size * (long long)((PyLongObject *)op)->ob_digit[0];
+        return 1;
+    }
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(op, &overflow);
+    return overflow == 0;
+}
+#endif
+
+#endif

@@ -1,0 +1,65 @@
+"""Shared fixtures: recorders in a temporary directory, both cores, a stderr guard.
+
+The suite runs once per backend (``TURBOSPARK_PUREPYTHON=1`` selects the
+pure-Python one); ``RouterHistogram`` is whichever the package chose. Tests
+that compare the two cores in one process use ``cores``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import pytest
+
+import turbospark
+from turbospark import _recorder_py
+from turbospark.recorder import recorder_class
+
+EXPECTED_BACKEND = "python" if os.environ.get("TURBOSPARK_PUREPYTHON") else "cython"
+
+
+def compiled_core() -> Any:
+    """The compiled core class, or None when the extension is not built."""
+    try:
+        from turbospark import _recorder
+    except ImportError:
+        return None
+    return _recorder.RecorderCore
+
+
+@pytest.fixture(autouse=True)
+def _no_swallowed_exceptions(capfd: pytest.CaptureFixture[str]) -> Any:
+    """Fail a test whose stderr shows an exception swallowed in extension code or a finalizer."""
+    yield
+    err = capfd.readouterr().err
+    if "Exception ignored" in err:
+        pytest.fail(f"stderr shows a swallowed exception:\n{err}")
+
+
+@pytest.fixture
+def make(tmp_path: Any) -> Callable[..., Any]:
+    """``make(num_layers, num_experts, top_k=0, **options)``: a recorder writing under tmp_path.
+
+    Every recorder it made is closed at teardown with its output read, so no
+    test leaves a write for the garbage collector or interpreter exit.
+    """
+    made = []
+
+    def factory(*args: Any, cls: Any = None, name: str = "capture.json", **kwargs: Any) -> Any:
+        recorder = (cls or turbospark.RouterHistogram)(str(tmp_path / name), *args, **kwargs)
+        made.append(recorder)
+        return recorder
+
+    yield factory
+    for recorder in made:
+        recorder._mark_closed()
+
+
+@pytest.fixture
+def cores() -> tuple[Any, Any]:
+    """(compiled RouterHistogram class, pure-Python RouterHistogram class); skips without the extension."""
+    core = compiled_core()
+    if core is None:
+        pytest.skip("the compiled core is not built")
+    return recorder_class(core), recorder_class(_recorder_py.RecorderCore)

@@ -1,0 +1,15 @@
+"""The backend in use is the one the run asked for."""
+
+import turbospark
+from conftest import EXPECTED_BACKEND
+
+
+def test_the_expected_backend_is_in_use() -> None:
+    # An install whose extension silently failed to build would otherwise
+    # run the whole suite against the fallback and still pass.
+    assert turbospark.BACKEND == EXPECTED_BACKEND
+
+
+def test_the_recorder_is_built_on_the_chosen_core() -> None:
+    core_module = turbospark.RouterHistogram.__mro__[2].__module__
+    assert core_module == ("turbospark._recorder" if EXPECTED_BACKEND == "cython" else "turbospark._recorder_py")

@@ -1,0 +1,81 @@
+"""The compiled core and its pure-Python twin agree byte for byte on random captures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+f32s = st.floats(width=32, allow_nan=True, allow_infinity=True)
+
+
+@st.composite
+def captures(draw: Any) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    layers = draw(st.integers(1, 4))
+    experts = draw(st.integers(1, 9))
+    k = draw(st.integers(1, 4))
+    config = {
+        "num_layers": layers,
+        "num_experts": experts,
+        "top_k": draw(st.sampled_from([0, k])),
+        "trace": draw(st.booleans()),
+        "pilot": draw(st.sampled_from([None, "next", "self"])),
+        "router_logits": draw(st.none() | st.tuples(st.integers(0, layers - 1), st.integers(0, 3))),
+    }
+    # Mostly valid ids, sometimes out of range or of the wrong length, so the
+    # two cores must also agree on what they reject and on its message.
+    layer = st.integers(-1, layers)
+    ids = st.lists(st.integers(-1, experts), min_size=0, max_size=k + 1) | st.lists(
+        st.integers(0, experts - 1), min_size=k, max_size=k
+    )
+    op = st.one_of(
+        st.tuples(st.just("record"), layer, ids),
+        st.tuples(st.just("record_prediction"), layer, ids),
+        st.tuples(st.just("record_array"), layer, ids),
+        st.tuples(st.just("record_many"), layer, st.lists(st.lists(st.integers(0, experts - 1), min_size=k, max_size=k), max_size=4)),
+        st.tuples(st.just("record_router_logits"), layer, st.lists(f32s, min_size=experts, max_size=experts)),
+    )
+    return config, draw(st.lists(op, max_size=30))
+
+
+def _apply(recorder: Any, op: tuple[Any, ...]) -> Any:
+    name, layer, payload = op
+    try:
+        if name == "record_array":
+            recorder.record(layer, np.array(payload, dtype=np.int64))
+        elif name == "record_many":
+            recorder.record_many(layer, np.array(payload, dtype=np.int32).reshape(len(payload), -1))
+        else:
+            getattr(recorder, name)(layer, payload)
+    except (TypeError, ValueError, IndexError) as exc:
+        return (type(exc).__name__, str(exc))
+    return None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(capture=captures())
+def test_random_captures_serialize_identically(cores: Any, tmp_path: Any, capture: Any) -> None:
+    config, ops = capture
+    compiled_cls, python_cls = cores
+    kwargs = {key: config[key] for key in ("trace", "pilot", "router_logits")}
+    args = (config["num_layers"], config["num_experts"], config["top_k"])
+    compiled = compiled_cls(str(tmp_path / "c.json"), *args, **kwargs)
+    python = python_cls(str(tmp_path / "p.json"), *args, **kwargs)
+    try:
+        for op in ops:
+            assert _apply(compiled, op) == _apply(python, op), op
+            assert compiled.top_k == python.top_k
+        assert compiled.to_json() == python.to_json()
+        assert np.array_equal(compiled.counts, python.counts)
+        assert np.array_equal(compiled.passes, python.passes)
+        for layer in range(config["num_layers"]):
+            for read in ("trace", "predictions"):
+                ours, theirs = getattr(compiled, read)(layer), getattr(python, read)(layer)
+                assert (ours is None and theirs is None) or (
+                    ours.dtype == theirs.dtype and np.array_equal(ours, theirs) and ours.shape == theirs.shape
+                )
+    finally:
+        compiled._mark_closed()
+        python._mark_closed()
