@@ -7,6 +7,7 @@
 #ifndef TURBOSPARK_FASTINT_H
 #define TURBOSPARK_FASTINT_H
 #include <Python.h>
+#include <stdint.h>
 
 #if defined(PYPY_VERSION) || defined(Py_LIMITED_API)
 static inline int ts_compact_int(PyObject *op, long long *value) {
@@ -36,5 +37,22 @@ static inline int ts_compact_int(PyObject *op, long long *value) {
     return overflow == 0;
 }
 #endif
+
+/* Copy leading small non-negative exact ints below ``limit`` from ``items``
+ * into ``out``; return how many were copied (n when all of them were). Runs
+ * no Python code, so the caller may write straight into a shared buffer. */
+static inline Py_ssize_t ts_small_ints(PyObject *const *items, Py_ssize_t n,
+                                       unsigned long long limit, uint32_t *out) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = items[i];
+        long long value;
+        if (!PyLong_CheckExact(op) || !ts_compact_int(op, &value) || value < 0
+                || (unsigned long long)value >= limit) {
+            return i;
+        }
+        out[i] = (uint32_t)value;
+    }
+    return n;
+}
 
 #endif

@@ -24,6 +24,7 @@ cnp.import_array()
 
 cdef extern from "_fastint.h":
     bint ts_compact_int(PyObject* op, long long* value)
+    Py_ssize_t ts_small_ints(PyObject** items, Py_ssize_t n, unsigned long long limit, uint32_t* out)
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
@@ -126,7 +127,8 @@ cdef cnp.ndarray _plain_integer_array(cnp.ndarray arr):
         raise _errors.dtype(str(arr.dtype))
     if cnp.PyArray_ISNOTSWAPPED(arr) and cnp.PyArray_ISALIGNED(arr):
         return arr
-    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("="))
+    # A fresh copy: ascontiguousarray would hand back an unaligned array as is.
+    return np.array(arr, dtype=arr.dtype.newbyteorder("="), order="C", copy=True)
 
 
 cdef inline char* _put_u64(char* p, uint64_t value) noexcept nogil:
@@ -272,6 +274,7 @@ cdef class RecorderCore:
 
     def record(self, layer, selected):
         cdef uint32_t local[STACK_IDS]
+        cdef uint32_t* dest
         cdef Py_ssize_t index, n = 0
         cdef int kind
         if self._closed:
@@ -281,15 +284,25 @@ cdef class RecorderCore:
         if kind == OTHER:
             selected = _normalize(selected)
             kind = _kind(selected, &n)
+            if kind == OTHER:  # cannot happen: _normalize returns what _kind accepts
+                raise _errors.selection_type(selected)
         _expect(self, n)
-        if n <= STACK_IDS:
-            _convert_into(self, selected, kind, n, local)
-            _commit_selection(self, index, local, n)
+        # Ids are converted straight into the trace's spare capacity (or a
+        # stack buffer): they join the trace only when its length moves, after
+        # the whole call has been validated.
+        if self._trace != NULL:
+            dest = _spare(&self._trace[index], n)
+        elif n <= STACK_IDS:
+            dest = local
         else:
-            _on_heap(self, index, selected, kind, n, _commit_selection)
+            return _record_slowly(self, index, selected, kind, n, False)
+        if _convert_fast(self, selected, kind, n, dest) < n:
+            return _record_slowly(self, index, selected, kind, n, False)
+        _commit_selection(self, index, dest, n, False)
 
     def record_prediction(self, layer, predicted):
         cdef uint32_t local[STACK_IDS]
+        cdef uint32_t* dest
         cdef Py_ssize_t index, n = 0
         cdef int kind
         if self._closed:
@@ -299,12 +312,18 @@ cdef class RecorderCore:
         if kind == OTHER:
             predicted = _normalize(predicted)
             kind = _kind(predicted, &n)
+            if kind == OTHER:  # cannot happen: _normalize returns what _kind accepts
+                raise _errors.selection_type(predicted)
         _expect(self, n)
-        if n <= STACK_IDS:
-            _convert_into(self, predicted, kind, n, local)
-            _commit_prediction(self, index, local, n)
+        if self._pred != NULL:
+            dest = _spare(&self._pred[index], n)
+        elif n <= STACK_IDS:
+            dest = local
         else:
-            _on_heap(self, index, predicted, kind, n, _commit_prediction)
+            return _record_slowly(self, index, predicted, kind, n, True)
+        if _convert_fast(self, predicted, kind, n, dest) < n:
+            return _record_slowly(self, index, predicted, kind, n, True)
+        _commit_prediction(self, index, dest, n, False)
 
     def record_many(self, layer, selected):
         cdef Py_ssize_t index, rows, width, total, i, bad
@@ -466,9 +485,6 @@ cdef enum:
     TUPLE = 2
     ARRAY = 3
 
-ctypedef int (*commit_fn)(RecorderCore, Py_ssize_t, const uint32_t*, Py_ssize_t) except -1
-
-
 cdef inline Py_ssize_t _layer_index(RecorderCore self, object layer) except -1:
     cdef long long index
     if PyLong_CheckExact(layer) and ts_compact_int(<PyObject*>layer, &index) and 0 <= index < self._num_layers:
@@ -517,66 +533,83 @@ cdef inline int _expect(RecorderCore self, Py_ssize_t n) except -1:
 
 
 cdef inline int _recheck_k(RecorderCore self, Py_ssize_t n) except -1:
-    # Converting may run Python code (an id's __index__) that lets another
-    # thread learn top_k first; the commit must still agree with it.
+    # The slow conversion may run Python code (an id's __index__) that lets
+    # another thread learn top_k first; the commit must still agree with it.
     cdef Py_ssize_t expected = self._top_k or self._pred_k
     if expected and n != expected:
         raise _errors.length(n, expected)
     return 0
 
 
-cdef inline int _convert_into(RecorderCore self, object selected, int kind, Py_ssize_t n,
-                              uint32_t* ids) except -1:
-    cdef Py_ssize_t i
-    cdef PyObject** items
-    cdef long long value
+cdef inline uint32_t* _spare(IdBuf* buf, Py_ssize_t n) except NULL:
+    """Room for ``n`` more ids at the end of ``buf``, not yet part of it."""
+    if buf.len + n > buf.cap:
+        _reserve(buf, n)
+    return buf.data + buf.len
+
+
+cdef inline Py_ssize_t _convert_fast(RecorderCore self, object selected, int kind, Py_ssize_t n,
+                                     uint32_t* dest) except -1:
+    """Convert without running Python code; return how many ids were done (n, or fewer to go slowly)."""
     if kind == ARRAY:
         if _convert_array(<cnp.ndarray>selected, n, cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0),
-                          ids, self._num_experts) >= 0:
+                          dest, self._num_experts) >= 0:
             _convert.array_ids(selected, self._num_experts)  # raises, naming the id
-        return 0
-    if kind == OTHER:
-        raise _errors.selection_type(selected)
-    # Exact small ints are read in place; no Python code runs, so the item
-    # array cannot move under us until the first id that needs the slow path.
-    items = PySequence_Fast_ITEMS(selected)
-    for i in range(n):
-        if (_is_exact_int(items[i]) and ts_compact_int(items[i], &value)
-                and 0 <= value and <uint64_t>value < self._num_experts):
-            ids[i] = <uint32_t>value
-        else:
-            return _convert_items_slowly(self, selected, kind, n, ids, i)
-    return 0
+        return n
+    return ts_small_ints(PySequence_Fast_ITEMS(selected), n, self._num_experts, dest)
 
 
-cdef int _convert_items_slowly(RecorderCore self, object selected, int kind, Py_ssize_t n,
-                               uint32_t* ids, Py_ssize_t start) except -1:
-    """Ids from ``start`` on, any of which may run Python code (``__index__``)."""
+cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_t n,
+                         uint32_t* ids) except -1:
+    """Any list or tuple of ids, some of which may run Python code (``__index__``)."""
     cdef Py_ssize_t i
     cdef PyObject* item
-    for i in range(start, n):
+    cdef long long value
+    if kind == ARRAY:
+        return _convert_fast(self, selected, kind, n, ids)
+    for i in range(n):
         if kind == LIST:
-            # That code may shrink the list.
+            # That code may shrink the list under us.
             if i >= PyList_GET_SIZE(selected):
                 raise RuntimeError("the selection changed size while it was being recorded")
             item = PyList_GET_ITEM(selected, i)
         else:
             item = PyTuple_GET_ITEM(selected, i)
-        ids[i] = <uint32_t>_convert.check_id(<object>item, i, self._num_experts)
+        if _is_exact_int(item) and ts_compact_int(item, &value) and 0 <= value and <uint64_t>value < self._num_experts:
+            ids[i] = <uint32_t>value
+        else:
+            ids[i] = <uint32_t>_convert.check_id(<object>item, i, self._num_experts)
+    return 0
+
+
+cdef int _record_slowly(RecorderCore self, Py_ssize_t index, object selected, int kind, Py_ssize_t n,
+                        bint prediction) except -1:
+    """Convert into a private buffer first, then commit with a copy: safe whatever the ids run."""
+    cdef uint32_t* ids = <uint32_t*>malloc(n * sizeof(uint32_t))
+    if ids == NULL:
+        raise MemoryError()
+    try:
+        _convert_slowly(self, selected, kind, n, ids)
+        if prediction:
+            _commit_prediction(self, index, ids, n, True)
+        else:
+            _commit_selection(self, index, ids, n, True)
+    finally:
+        free(ids)
     return 0
 
 
 cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uint32_t* ids,
-                                  Py_ssize_t n) except -1:
+                                  Py_ssize_t n, bint copy) except -1:
+    """Count validated ids; append them to the trace (copying them there when ``copy``)."""
     cdef Py_ssize_t i
     cdef uint64_t* row = self._counts + index * self._num_experts
     cdef IdBuf* trace
     _recheck_k(self, n)
     if self._trace != NULL:
         trace = &self._trace[index]
-        if trace.len + n > trace.cap:
-            _reserve(trace, n)
-        memcpy(trace.data + trace.len, ids, n * sizeof(uint32_t))
+        if copy:
+            memcpy(_spare(trace, n), ids, n * sizeof(uint32_t))
         trace.len += n
     for i in range(n):
         row[ids[i]] += 1
@@ -587,32 +620,17 @@ cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uin
 
 
 cdef inline int _commit_prediction(RecorderCore self, Py_ssize_t index, const uint32_t* ids,
-                                   Py_ssize_t n) except -1:
+                                   Py_ssize_t n, bint copy) except -1:
     cdef IdBuf* pred
     _recheck_k(self, n)
     if self._pred == NULL:
         return 0
     pred = &self._pred[index]
-    if pred.len + n > pred.cap:
-        _reserve(pred, n)
-    memcpy(pred.data + pred.len, ids, n * sizeof(uint32_t))
+    if copy:
+        memcpy(_spare(pred, n), ids, n * sizeof(uint32_t))
     pred.len += n
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = n
-    return 0
-
-
-cdef int _on_heap(RecorderCore self, Py_ssize_t index, object selected, int kind, Py_ssize_t n,
-                  commit_fn commit) except -1:
-    """The rare selection longer than STACK_IDS: the same steps on a heap buffer."""
-    cdef uint32_t* ids = <uint32_t*>malloc(n * sizeof(uint32_t))
-    if ids == NULL:
-        raise MemoryError()
-    try:
-        _convert_into(self, selected, kind, n, ids)
-        commit(self, index, ids, n)
-    finally:
-        free(ids)
     return 0
 
 

@@ -74,6 +74,13 @@ def as_array(selected: Any, wanted: str) -> np.ndarray:
         except ValueError:
             # Ragged nested lists: numpy cannot build a rectangle from them.
             raise _errors.ndim((len(selected),), wanted) from None
+    if arr.dtype.kind == "f" and isinstance(selected, (list, tuple)):
+        # numpy turns ints that fit neither int64 nor uint64 together (-1 and
+        # 2**63) into float64; as Python ints they are ids to range-check.
+        exact = np.empty(arr.shape, dtype=object)
+        exact[...] = selected
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, _BOOLS) for v in exact.ravel().tolist()):
+            arr = exact
     if arr.dtype.kind not in "iuO":
         raise _errors.dtype(str(arr.dtype))
     if arr.ndim != (1 if wanted == ONE_D else 2):
@@ -123,8 +130,10 @@ def logit_row(logits: Any, num_experts: int) -> array:
         raise _errors.logits_type(logits) from None
     if values.dtype.kind not in "iuf":
         raise _errors.logits_type(logits)
-    if values.shape != (num_experts,):
-        raise _errors.logits_length(values.size, num_experts)
+    if values.ndim != 1:
+        raise _errors.logits_shape(values.shape)
+    if values.shape[0] != num_experts:
+        raise _errors.logits_length(values.shape[0], num_experts)
     with np.errstate(over="ignore"):
         return array("f", values.astype(np.float32).tobytes())
 

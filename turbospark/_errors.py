@@ -62,6 +62,10 @@ def logits_length(got: int, num_experts: int) -> ValueError:
     return ValueError(f"a router-logit row has {got} values but num_experts is {num_experts}")
 
 
+def logits_shape(shape: tuple[int, ...]) -> ValueError:
+    return ValueError(f"a router-logit row must be 1-D, got shape {shape}")
+
+
 def logits_type(values: Any) -> TypeError:
     return TypeError(f"router logits must be numbers, got {type(values).__name__} {_show(values)}")
 
