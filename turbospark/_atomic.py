@@ -43,22 +43,26 @@ def write_atomic(path: str, data: bytes) -> None:
     device for a regular file.
     """
     try:
-        special = not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+        mode = os.stat(path).st_mode
     except OSError:
-        special = False
-    if special:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         with open(path, "wb") as handle:
             handle.write(data)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    # Through symlinks, as a plain write would go: replace the file, not the link.
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    # Short enough for any file system's name limit, whatever the capture's name.
+    prefix = "." + os.path.basename(target)[:64] + "."
+    fd, temporary = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temporary, _final_mode(path))
-        os.replace(temporary, path)
+        os.chmod(temporary, _final_mode(target))
+        os.replace(temporary, target)
     except BaseException:
         try:
             os.unlink(temporary)

@@ -119,7 +119,14 @@ def array_ids(arr: np.ndarray, num_experts: int) -> np.ndarray:
 
 def sequence_ids(items: Any, num_experts: int) -> list[int]:
     """Check each id of a list or tuple in position order; return them as ints."""
-    return [check_id(value, index, num_experts) for index, value in enumerate(items)]
+    count = len(items)
+    ids = []
+    for index in range(count):
+        # An id's __index__ may run code that shrinks the list being read.
+        if index >= len(items):
+            raise RuntimeError("the selection changed size while it was being recorded")
+        ids.append(check_id(items[index], index, num_experts))
+    return ids
 
 
 def logit_row(logits: Any, num_experts: int) -> array:

@@ -45,7 +45,8 @@ def parse_usize(text: str) -> Optional[int]:
 
 
 def _warn(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    # _warn <- _router_logits <- config_from_env <- from_env <- the caller.
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
 def _router_logits(environ: Mapping[str, str], num_layers: int) -> Optional[tuple[int, int]]:

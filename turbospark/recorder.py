@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _env
+from . import _env, _sigterm
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._f32display import format_f32_row
@@ -34,6 +34,8 @@ _live: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _live_lock = threading.RLock()
 
 _PILOTS = (None, "next", "self")
+# Layers and top_k index C arrays: keep them far from any platform's limits.
+_MAX_SIZE = 2**31 - 1
 
 
 def _whole(name: str, value: Any, minimum: int, maximum: Optional[int] = None) -> int:
@@ -43,9 +45,10 @@ def _whole(name: str, value: Any, minimum: int, maximum: Optional[int] = None) -
         number = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if number < minimum or (maximum is not None and number > maximum):
-        bound = f"at least {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise ValueError(f"{name} must be {bound}, got {number}")
+    if number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {number}")
     return number
 
 
@@ -88,9 +91,9 @@ class _Facade:
         router_logits: Optional[tuple[int, int]] = None,
     ) -> None:
         text = _path_text(path)
-        layers = _whole("num_layers", num_layers, 0)
+        layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
         experts = _whole("num_experts", num_experts, 1, 2**32)
-        k = _whole("top_k", top_k, 0)
+        k = _whole("top_k", top_k, 0, _MAX_SIZE)
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
@@ -99,6 +102,8 @@ class _Facade:
         self._owner_pid = os.getpid()
         with _live_lock:
             _live.add(self)
+        if _sigterm.requested():
+            _sigterm.install(_close_all)
 
     @classmethod
     def from_env(cls, num_layers: int, num_experts: int, top_k: int = 0) -> Optional["RouterHistogram"]:
@@ -109,9 +114,9 @@ class _Facade:
         the reference. An unusable router-logits setting is ignored with a
         ``RuntimeWarning``. Raises TypeError/ValueError for invalid sizes.
         """
-        _whole("num_layers", num_layers, 0)
-        _whole("num_experts", num_experts, 0)
-        _whole("top_k", top_k, 0)
+        _whole("num_layers", num_layers, 0, _MAX_SIZE)
+        _whole("num_experts", num_experts, 0, 2**32)
+        _whole("top_k", top_k, 0, _MAX_SIZE)
         if not os.environ.get(_env.HIST) or num_experts == 0:
             return None
         config = _env.config_from_env(num_layers)

@@ -1,0 +1,419 @@
+"""The numbers a capture exists for, per layer, vectorised with numpy.
+
+Definitions (per layer; S_p is the set of ids of pass p in the trace, N the
+layer's count total, K = top_k, E = num_experts):
+
+* ``passes`` = N / K; ``entropy_bits`` = Shannon entropy (base 2) of counts / N;
+  ``coverage[f]`` = fewest experts whose counts, largest first, reach f x N.
+* ``window_distinct[M]`` = mean over the P - M + 1 windows of M consecutive
+  passes of |union of their S_p|: the experts a verify of M tokens must read.
+* ``reuse`` = mean over p >= 1 of |S_p & S_(p-1)| / |S_p|.
+* ``pilot_recall`` / ``pilot_exact``: over the common prefix of the layer's
+  predictions and trace, mean |pred_p & S_p| / |S_p|, and the share of passes
+  where the two sets are equal.
+* ``lru_hit_rate[C]``: a C-slot LRU per layer fed each pass's distinct ids in
+  trace order; hits / lookups.
+
+How: each pass's set is a row of 64-bit words, so set sizes, intersections
+and unions are whole-array popcount / AND / OR operations; unions over runs
+of passes come from a sparse table of power-of-two spans. Nothing loops over
+passes in Python. Means of per-pass ratios are summed with ``math.fsum`` so
+the result does not depend on summation order; integer totals are divided
+once, giving the same float as a plain-Python evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .capture import Capture
+
+__all__ = [
+    "COVERAGE_FRACTIONS",
+    "DEFAULT_WINDOWS",
+    "analyze",
+    "count_sum_failures",
+    "coverage",
+    "entropy_bits",
+    "lru_hit_rates",
+    "lru_stack_distances",
+    "pass_bitsets",
+    "pilot_scores",
+    "reuse",
+    "self_test",
+    "trace_mismatches",
+    "uniform_window_distinct",
+    "window_distinct",
+]
+
+COVERAGE_FRACTIONS: tuple[str, ...] = ("0.5", "0.9", "0.95", "0.99")
+DEFAULT_WINDOWS: tuple[int, ...] = (1, 2, 4, 8)
+
+
+def analyze(
+    capture: Capture,
+    windows: Iterable[int] = DEFAULT_WINDOWS,
+    caches: Iterable[int] = (),
+) -> dict[str, Any]:
+    """The ``analyze --json`` document for ``capture``, as plain Python values.
+
+    ``windows``: window sizes M (>= 1) for ``window_distinct``; ``caches``:
+    LRU sizes C (>= 1), reported only when non-empty and the trace is present.
+    Keys ``"M"``/``"C"`` are decimal strings, ascending, duplicates merged.
+    Raises ``ValueError`` for a window or cache size below 1.
+    """
+    window_sizes = _sizes(windows, "window size")
+    cache_sizes = _sizes(caches, "cache size")
+    k, e = capture.top_k, capture.num_experts
+    totals = [int(n) for n in capture.totals]
+    trace = capture.trace
+    layers = []
+    for layer in range(capture.num_layers):
+        row = capture.counts[layer]
+        entry: dict[str, Any] = {
+            "layer": layer,
+            "passes": _passes(totals[layer], k),
+            "entropy_bits": entropy_bits(row),
+            "coverage": coverage(row),
+            "window_distinct": None,
+            "reuse": None,
+            "pilot_recall": None,
+            "pilot_exact": None,
+        }
+        if trace is not None:
+            ids = trace[layer]
+            bits = pass_bitsets(ids, e)
+            entry["window_distinct"] = {
+                str(m): value for m, value in _window_distinct(bits, window_sizes).items()
+            }
+            entry["reuse"] = _reuse(bits)
+            if layer > 0 and capture.pred is not None:
+                guess = pass_bitsets(capture.pred[layer], e)
+                entry["pilot_recall"], entry["pilot_exact"] = _pilot(guess, bits)
+            if cache_sizes:
+                rates = _lru(ids, e, cache_sizes)
+                entry["lru_hit_rate"] = {str(c): value for c, value in rates.items()}
+        layers.append(entry)
+    return {
+        "num_layers": capture.num_layers,
+        "num_experts": e,
+        "top_k": k,
+        "random_recall_baseline": k / e if e else None,
+        "checks": {
+            "counts_sum_ok": not count_sum_failures(capture),
+            "trace_matches_counts": None if trace is None else not trace_mismatches(capture),
+        },
+        "layers": layers,
+    }
+
+
+def self_test(capture: Capture, result: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The ``--self-test`` verdict for a capture made with the probe in self mode.
+
+    Takes the capture and its ``analyze`` result; returns (checked, failed):
+    the layers >= 1 that hold predictions, and those among them whose
+    ``pilot_recall`` is not exactly 1.0 (null counts as failed: predictions
+    with nothing to compare them to). The test passes when ``checked`` is
+    non-empty and ``failed`` is empty.
+    """
+    if capture.pred is None:
+        return [], []
+    checked = [layer for layer in range(1, capture.num_layers) if len(capture.pred[layer])]
+    failed = [layer for layer in checked if result["layers"][layer]["pilot_recall"] != 1.0]
+    return checked, failed
+
+
+def _sizes(values: Iterable[int], what: str) -> list[int]:
+    sizes = sorted({int(v) for v in values})
+    if sizes and sizes[0] < 1:
+        raise ValueError(f"{what} must be at least 1, got {sizes[0]}")
+    return sizes
+
+
+def _passes(total: int, k: int) -> int | float | None:
+    # A count total that is not a multiple of K fails counts_sum_ok; the
+    # fractional N / K is reported as is so the mismatch stays visible.
+    if k == 0:
+        return 0 if total == 0 else None
+    return total // k if total % k == 0 else total / k
+
+
+def count_sum_failures(capture: Capture) -> list[int]:
+    """Layers whose count total N is not a multiple of top_k (N must be 0 when top_k is 0)."""
+    k = capture.top_k
+    return [
+        layer
+        for layer, total in enumerate(capture.totals.tolist())
+        if (total % k if k else total)
+    ]
+
+
+def trace_mismatches(capture: Capture) -> list[int]:
+    """Layers whose counts differ from the counts recomputed from the trace;
+    empty when the capture has no trace."""
+    if capture.trace is None:
+        return []
+    return [
+        layer
+        for layer, (ids, row) in enumerate(zip(capture.trace, capture.counts))
+        if not np.array_equal(np.bincount(ids.ravel(), minlength=capture.num_experts), row)
+    ]
+
+
+# ------------------------------------------------------------ count metrics
+
+
+def entropy_bits(counts: np.ndarray) -> float | None:
+    """Shannon entropy in bits of ``counts / counts.sum()``; None when the sum is 0."""
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    nonzero = counts[counts > 0].astype(np.float64)
+    # p * log2(1/p) term by term keeps a single-expert layer at 0.0, not -0.0.
+    return math.fsum((nonzero / total * np.log2(total / nonzero)).tolist())
+
+
+def coverage(
+    counts: np.ndarray, fractions: Sequence[str] = COVERAGE_FRACTIONS
+) -> dict[str, int] | None:
+    """For each fraction f (a decimal string), the fewest experts whose counts,
+    largest first, reach at least f x N. None when N is 0.
+
+    The comparison is exact (integer arithmetic on the decimal), so 0.9 x 10
+    means 9, not 9.000000000000002.
+    """
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    cumulative = np.cumsum(np.sort(counts)[::-1])
+    result = {}
+    for text in fractions:
+        f = Fraction(text)
+        # cumulative * den >= num * N  <=>  cumulative >= f * N
+        index = int(np.searchsorted(cumulative * f.denominator, f.numerator * total, side="left"))
+        result[text] = min(index + 1, len(cumulative))
+    return result
+
+
+# ------------------------------------------------------------ trace metrics
+#
+# Each pass's set S_p is a row of 64-bit words (expert e is bit e % 64 of
+# word e // 64), so duplicates within a pass vanish by construction and
+# intersections, unions and sizes are a few whole-array AND / OR / popcount
+# operations instead of one Python set per pass.
+
+
+def pass_bitsets(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """The sets S_p of a (P, K) id array as a (P, ceil(E / 64)) uint64 bitset array."""
+    position = _position_bits(ids, num_experts)
+    bits = np.zeros((ids.shape[0], position.shape[2]), dtype=np.uint64)
+    # K is small: K whole-column ORs beat a strided reduce over axis 1.
+    for i in range(ids.shape[1]):
+        bits |= position[:, i]
+    return bits
+
+
+def _position_bits(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """(P, K, W) uint64: entry [p, i] is the one-expert bitset of ids[p, i]."""
+    words = max(1, -(-num_experts // 64))
+    onehot = np.left_shift(np.uint64(1), (ids % 64).astype(np.uint64))
+    if words == 1:
+        return onehot[:, :, None]
+    word = ids // 64
+    zero = np.uint64(0)
+    return np.stack([np.where(word == w, onehot, zero) for w in range(words)], axis=2)
+
+
+class _Spans:
+    """Sparse table of pass unions: ``level(j)[s]`` = S_s | ... | S_(s + 2^j - 1).
+
+    Union is idempotent, so any run of passes is the OR of the two
+    (overlapping) power-of-two spans at its ends: O(P log P) words to build,
+    O(1) per query.
+    """
+
+    def __init__(self, bits: np.ndarray) -> None:
+        self._levels = [bits]
+
+    def level(self, j: int) -> np.ndarray:
+        while len(self._levels) <= j:
+            half = 1 << (len(self._levels) - 1)
+            last = self._levels[-1]
+            self._levels.append(last[:-half] | last[half:])
+        return self._levels[j]
+
+    def union(self, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+        """Bitsets of the unions of passes start .. start + length - 1 (length >= 0)."""
+        passes, words = self._levels[0].shape
+        nonempty = length > 0
+        longest = int(length.max(initial=0))
+        if longest == 0:
+            return np.zeros((start.shape[0], words), dtype=np.uint64)
+        # All levels in one zero-padded (levels * P, W) table, so every query
+        # is two row gathers whatever its level; length 0 reads a zero row.
+        top = longest.bit_length() - 1
+        table = np.zeros(((top + 1) * passes + 1, words), dtype=np.uint64)
+        for j in range(top + 1):
+            level = self.level(j)
+            table[j * passes : j * passes + level.shape[0]] = level
+        zero_row = (top + 1) * passes
+        j = np.frexp(np.maximum(length, 1).astype(np.float64))[1] - 1  # floor(log2)
+        base = j * passes
+        first = np.where(nonempty, base + start, zero_row)
+        second = np.where(nonempty, base + start + length - (1 << j), zero_row)
+        return np.take(table, first, axis=0) | np.take(table, second, axis=0)
+
+
+def _popcount(bits: np.ndarray) -> np.ndarray:
+    """Set bits per row of a (N, W) uint64 array, as int64 (N,)."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
+        return np.bitwise_count(bits).sum(axis=1, dtype=np.int64)
+    as_bytes = np.ascontiguousarray(bits).view(np.uint8).reshape(bits.shape[0], -1)
+    return _BYTE_POPCOUNT[as_bytes].sum(axis=1, dtype=np.int64)
+
+
+_BYTE_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+
+
+def window_distinct(
+    ids: np.ndarray, num_experts: int, windows: Iterable[int]
+) -> dict[int, float | None]:
+    """Mean size of the union of S_p over every window of M consecutive passes.
+
+    Takes a layer's (P, K) trace, E and window sizes; returns {M: mean or
+    None}, None when P < M.
+    """
+    return _window_distinct(pass_bitsets(ids, num_experts), list(windows))
+
+
+def _window_distinct(bits: np.ndarray, windows: Sequence[int]) -> dict[int, float | None]:
+    passes = bits.shape[0]
+    spans = _Spans(bits)
+    result: dict[int, float | None] = {}
+    for m in windows:
+        if m > passes:
+            result[m] = None
+            continue
+        count = passes - m + 1
+        j = m.bit_length() - 1
+        table = spans.level(j)
+        union = table[:count] | table[m - (1 << j) :][:count]
+        # Integer total, one division: the same float as summing the sizes.
+        result[m] = int(_popcount(union).sum()) / count
+    return result
+
+
+def uniform_window_distinct(num_experts: int, top_k: int, window: int) -> float:
+    """Expected union size of ``window`` independent uniform top-k draws:
+    E (1 - (1 - K/E)^M), the no-locality reference for ``window_distinct``."""
+    if num_experts == 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** window)
+
+
+def reuse(ids: np.ndarray, num_experts: int) -> float | None:
+    """Mean over p >= 1 of |S_p & S_(p-1)| / |S_p| for a (P, K) trace; None when P < 2."""
+    return _reuse(pass_bitsets(ids, num_experts))
+
+
+def _reuse(bits: np.ndarray) -> float | None:
+    passes = bits.shape[0]
+    if passes < 2:
+        return None
+    ratios = _popcount(bits[1:] & bits[:-1]) / _popcount(bits[1:])
+    return math.fsum(ratios.tolist()) / (passes - 1)
+
+
+def pilot_scores(
+    pred: np.ndarray, ids: np.ndarray, num_experts: int
+) -> tuple[float | None, float | None]:
+    """(recall, exact) of a layer's (Q, K) predictions against its (P, K) trace.
+
+    Only the first min(P, Q) passes align. Recall is the mean of
+    |pred_p & S_p| / |S_p|, exact the share of passes whose two sets are
+    equal. Both None when no pass aligns.
+    """
+    return _pilot(pass_bitsets(pred, num_experts), pass_bitsets(ids, num_experts))
+
+
+def _pilot(guess: np.ndarray, actual: np.ndarray) -> tuple[float | None, float | None]:
+    aligned = min(guess.shape[0], actual.shape[0])
+    if aligned == 0:
+        return None, None
+    guess, actual = guess[:aligned], actual[:aligned]
+    ratios = _popcount(guess & actual) / _popcount(actual)
+    recall = math.fsum(ratios.tolist()) / aligned
+    exact = int((guess == actual).all(axis=1).sum())
+    return recall, exact / aligned
+
+
+def lru_hit_rates(
+    ids: np.ndarray, num_experts: int, caches: Iterable[int]
+) -> dict[int, float | None]:
+    """Hit rate of a C-slot LRU expert cache per C, for a layer's (P, K) trace.
+
+    The cache starts empty; each pass looks up its distinct ids in trace
+    order. Returns {C: hits / lookups}, None when there are no lookups.
+    """
+    return _lru(ids, num_experts, list(caches))
+
+
+def _lru(ids: np.ndarray, num_experts: int, caches: Sequence[int]) -> dict[int, float | None]:
+    distances = lru_stack_distances(ids, num_experts)
+    lookups = distances.shape[0]
+    if lookups == 0:
+        return {c: None for c in caches}
+    # A lookup hits a C-slot LRU exactly when fewer than C other experts were
+    # used since its last use, so one pass serves every C.
+    seen = np.sort(distances[distances >= 0])
+    return {c: int(np.searchsorted(seen, c, side="left")) / lookups for c in caches}
+
+
+def lru_stack_distances(ids: np.ndarray, num_experts: int) -> np.ndarray:
+    """LRU stack distance of every lookup of a (P, K) trace, in lookup order.
+
+    A lookup is each pass's distinct ids in trace order; its distance is the
+    number of other experts looked up since this expert's previous lookup,
+    or -1 for a first lookup. Takes the trace and E; returns a 1-D int64 array.
+
+    For a lookup of x at (pass p, position i) whose previous lookup was at
+    (q, j), the experts used since are: the rest of pass q after position j,
+    all of passes q+1 .. p-1, and pass p before position i -- a union of
+    three bitsets (one from the sparse table), so every lookup is answered
+    at once without replaying the cache.
+    """
+    passes, k = ids.shape
+    if passes == 0 or k == 0:
+        return np.zeros(0, dtype=np.int64)
+    # prefix[p, i] = set of ids at positions < i of pass p, flattened to rows
+    # p * (k + 1) + i so that every gather below is a single row take.
+    position = _position_bits(ids, num_experts)
+    words = position.shape[2]
+    prefix = np.zeros((passes, k + 1, words), dtype=np.uint64)
+    np.bitwise_or.accumulate(position, axis=1, out=prefix[:, 1:])
+    # A pass's lookups are its distinct ids: the entries not already in the prefix.
+    first = ~(prefix[:, :k] & position).any(axis=2)
+    rows = prefix.reshape(passes * (k + 1), words)
+    lookup_pass, lookup_pos = np.nonzero(first)  # row-major: trace order
+    expert = ids[lookup_pass, lookup_pos]
+    # Previous lookup of the same expert: neighbours in a stable sort by expert.
+    order = np.argsort(expert.astype(np.int16 if num_experts <= 2**15 else np.int64), kind="stable")
+    same = expert[order[1:]] == expert[order[:-1]]
+    previous = np.full(expert.shape[0], -1, dtype=np.int64)
+    previous[order[1:][same]] = order[:-1][same]
+    again = np.nonzero(previous >= 0)[0]
+    p, i = lookup_pass[again], lookup_pos[again]
+    q, j = lookup_pass[previous[again]], lookup_pos[previous[again]]
+    stride = k + 1
+    whole_q = np.take(rows, q * stride + k, axis=0)
+    through_j = np.take(rows, q * stride + j + 1, axis=0)
+    before_i = np.take(rows, p * stride + i, axis=0)
+    between = _Spans(prefix[:, k]).union(q + 1, p - q - 1)
+    since = (whole_q & ~through_j) | between | before_i
+    distance = np.full(expert.shape[0], -1, dtype=np.int64)
+    distance[again] = _popcount(since)
+    return distance

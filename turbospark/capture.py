@@ -1,0 +1,340 @@
+"""Load a router-histogram capture (the JSON ``RouterHistogram`` writes) into numpy arrays.
+
+The file is ``{"num_layers":L,"num_experts":E,"top_k":K,"counts":[[E ints] x L]``
+then optionally ``"trace"`` and ``"pred"`` (L rows of flat ids, K per pass) and
+``"router_logits"``. ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
+rows are reshaped to (passes, top_k), or raises ``ValueError`` naming what is
+wrong with the file.
+
+Parsing: the integer rows are nearly the whole file, and ``json.loads`` turns
+every id into a Python int before numpy copies it again. The fast path below
+finds each row's text and lets numpy parse it straight into int64, several
+times faster; any layout it does not fully understand (non-ASCII bytes, a
+stray token, an overflowing number) falls back to ``json.loads``, which also
+gives the precise error for a malformed file. Both paths feed one validator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Capture", "RouterLogits", "load", "loads"]
+
+# Keys whose values are L rows of non-negative integers.
+_ROW_KEYS = ("counts", "trace", "pred")
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class RouterLogits:
+    """The optional raw router-logit row: requested ``layer`` and ``pass_index``,
+    and the captured ``values`` (float64 array) or None when that pass never ran."""
+
+    layer: int
+    pass_index: int
+    values: np.ndarray | None
+
+
+@dataclass(frozen=True, eq=False)
+class Capture:
+    """One capture, as numpy arrays.
+
+    ``counts``: (num_layers, num_experts) int64, how often each expert was picked.
+    ``trace``: None, or a tuple of num_layers int64 arrays shaped (passes, top_k),
+    layer l's selections in pass order; layers that never routed have shape (0, top_k).
+    ``pred``: None, or the same for the one-layer-ahead predictions; row 0 is
+    (0, top_k) in captures from the recorder, and a row may hold fewer passes
+    than the trace (only the common prefix aligns).
+    ``router_logits``: None, or the single captured logit row.
+    """
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+    counts: np.ndarray
+    trace: tuple[np.ndarray, ...] | None = None
+    pred: tuple[np.ndarray, ...] | None = None
+    router_logits: RouterLogits | None = None
+
+    @property
+    def header(self) -> dict[str, int]:
+        """The shape fields of the file: num_layers, num_experts, top_k."""
+        return {"num_layers": self.num_layers, "num_experts": self.num_experts, "top_k": self.top_k}
+
+    @property
+    def totals(self) -> np.ndarray:
+        """Per-layer count totals N, shape (num_layers,)."""
+        return self.counts.sum(axis=1)
+
+
+def load(path: str | os.PathLike[str]) -> Capture:
+    """Read the capture file at ``path``.
+
+    Returns a ``Capture``. Raises ``OSError`` when the file cannot be read and
+    ``ValueError`` (naming the problem) when it is not a well-formed capture.
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return loads(data)
+
+
+def loads(data: str | bytes) -> Capture:
+    """Parse capture JSON text (str or bytes); returns a ``Capture``.
+
+    Raises ``ValueError`` naming the problem when the text is not a well-formed capture.
+    """
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fields = _fast_fields(raw)
+    if fields is None:
+        fields = _json_fields(raw)
+    return _build(fields)
+
+
+# ---------------------------------------------------------------- fast path
+
+# JSON's whitespace is exactly these four bytes (regex \s would add \f and \v).
+_WS = rb"[ \t\r\n]*"
+_KEY = re.compile(_WS + rb'"([A-Za-z_][A-Za-z0-9_]*)"' + _WS + rb":" + _WS)
+_EMPTY_ROWS = re.compile(rb"\[" + _WS + rb"\]")
+_ROWS_END = re.compile(rb"\]" + _WS + rb"\]")
+_SEPARATOR = re.compile(_WS + rb"([,}])")
+_WHITESPACE = b" \t\r\n"
+
+
+class _NotFast(Exception):
+    """The fast parser met something it leaves to json.loads."""
+
+
+def _fast_fields(raw: bytes) -> dict[str, Any] | None:
+    """Top-level fields with integer rows parsed by numpy; None to fall back."""
+    if not raw.isascii():
+        return None
+    text = raw.decode("ascii")  # same indices as raw; raw_decode needs str
+    decoder = json.JSONDecoder()
+    pos = len(raw) - len(raw.lstrip(_WHITESPACE))
+    if raw[pos : pos + 1] != b"{":
+        return None
+    pos += 1
+    fields: dict[str, Any] = {}
+    try:
+        while True:
+            key_match = _KEY.match(raw, pos)
+            if key_match is None:
+                return None
+            key = key_match.group(1).decode("ascii")
+            pos = key_match.end()
+            if key in fields:
+                return None  # duplicate key: let json.loads decide (last one wins)
+            if key in _ROW_KEYS and raw[pos : pos + 1] == b"[":
+                fields[key], pos = _fast_rows(raw, pos)
+            else:
+                fields[key], pos = decoder.raw_decode(text, pos)
+            sep = _SEPARATOR.match(raw, pos)
+            if sep is None:
+                return None
+            pos = sep.end()
+            if sep.group(1) == b"}":
+                break
+    except (_NotFast, ValueError):
+        return None
+    if raw[pos:].strip(_WHITESPACE):
+        return None
+    return fields
+
+
+def _fast_rows(raw: bytes, pos: int) -> tuple[list[np.ndarray], int]:
+    """Parse ``[[1,2],[],[3]]`` starting at ``pos``; returns (rows, end)."""
+    empty = _EMPTY_ROWS.match(raw, pos)
+    if empty is not None:
+        return [], empty.end()
+    end_match = _ROWS_END.search(raw, pos)
+    if end_match is None:
+        raise _NotFast
+    end = end_match.end()
+    block = raw[pos + 1 : end - 1]  # "[..],[..],[..]"
+    # Only digits, commas, brackets and whitespace may appear; signs, dots,
+    # exponents or anything else go to the exact json path.
+    rest = block.translate(None, b"0123456789,[]")
+    if rest:
+        if rest.translate(None, _WHITESPACE):
+            raise _NotFast
+        block = b"".join(block.split())
+    if not (block.startswith(b"[") and block.endswith(b"]")):
+        raise _NotFast
+    pieces = block[1:-1].split(b"],[")
+    if block.count(b"[") != len(pieces) or block.count(b"]") != len(pieces):
+        raise _NotFast
+    rows = []
+    with warnings.catch_warnings():
+        # fromstring only warns (and stops early) on a token it cannot read.
+        warnings.simplefilter("error")
+        for piece in pieces:
+            if not piece:
+                rows.append(np.zeros(0, dtype=np.int64))
+                continue
+            # Pieces hold digits and commas only now. fromstring rejects an
+            # empty token (",," or a leading comma) but accepts a trailing one.
+            if piece.endswith(b","):
+                raise _NotFast
+            try:
+                row = np.fromstring(piece, dtype=np.int64, sep=",")
+            except (ValueError, DeprecationWarning) as exc:
+                raise _NotFast from exc
+            # numpy clamps an overflowing number to INT64_MAX; json.loads
+            # reads it exactly, for the error message.
+            top = int(row.max())
+            if top == _INT64_MAX:
+                raise _NotFast
+            # JSON forbids leading zeros ("007"), which fromstring reads
+            # happily: the digits written must be exactly the digits needed.
+            digits = row.size + sum(
+                int(np.count_nonzero(row >= 10**power)) for power in range(1, len(str(top)))
+            )
+            if digits != len(piece) - (row.size - 1):
+                raise _NotFast
+            rows.append(row)
+    return rows, end
+
+
+# ---------------------------------------------------------------- slow path
+
+_RUST_INF = re.compile(rb"([\[,]" + _WS + rb"-?)inf(?=" + _WS + rb"[,\]])")
+
+
+def _json_fields(raw: bytes) -> dict[str, Any]:
+    """All top-level fields via json.loads; raises ValueError when not JSON."""
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        # The Rust runtime prints a non-finite f32 logit as inf / -inf, which
+        # JSON lacks; accept that spelling (json already reads NaN).
+        patched = _RUST_INF.sub(rb"\1Infinity", raw) if _RUST_INF.search(raw) else None
+        try:
+            obj = json.loads(patched) if patched is not None else None
+        except ValueError:
+            obj = None
+        if obj is None:
+            raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"a capture is a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _build(fields: dict[str, Any]) -> Capture:
+    """Validate the parsed fields (either path) and assemble a Capture."""
+    num_layers = _count_field(fields, "num_layers")
+    num_experts = _count_field(fields, "num_experts")
+    top_k = _count_field(fields, "top_k")
+    if "counts" not in fields:
+        raise ValueError("missing key 'counts'")
+    count_rows = _int_rows(fields["counts"], "counts", num_layers)
+    for layer, row in enumerate(count_rows):
+        if row.shape[0] != num_experts:
+            raise ValueError(
+                f"counts[{layer}] has {row.shape[0]} entries, expected num_experts={num_experts}"
+            )
+        _check_non_negative(row, f"counts[{layer}]")
+    counts = np.stack(count_rows) if num_layers else np.zeros((0, num_experts), dtype=np.int64)
+    trace = _id_rows(fields, "trace", num_layers, num_experts, top_k)
+    pred = _id_rows(fields, "pred", num_layers, num_experts, top_k)
+    logits = _router_logits(fields.get("router_logits"), num_layers)
+    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits)
+
+
+def _count_field(fields: dict[str, Any], key: str) -> int:
+    if key not in fields:
+        raise ValueError(f"missing key {key!r}")
+    value = fields[key]
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _int_rows(value: Any, key: str, num_layers: int) -> list[np.ndarray]:
+    """L rows of integers as 1-D int64 arrays; raises ValueError otherwise."""
+    if not isinstance(value, list):
+        raise ValueError(f"{key} must be a list of rows, got {type(value).__name__}")
+    if len(value) != num_layers:
+        raise ValueError(f"{key} has {len(value)} rows, expected num_layers={num_layers}")
+    rows = []
+    for layer, row in enumerate(value):
+        if isinstance(row, np.ndarray):  # from the fast path, already int64
+            rows.append(row)
+            continue
+        where = f"{key}[{layer}]"
+        if not isinstance(row, list):
+            raise ValueError(f"{where} must be a list of integers, got {type(row).__name__}")
+        if not row:
+            rows.append(np.zeros(0, dtype=np.int64))
+            continue
+        # bool is an int subclass and 1.0 would be cast silently: reject both.
+        bad = next((v for v in row if type(v) is not int), None)
+        if bad is not None:
+            raise ValueError(f"{where} must hold integers only, found {bad!r}")
+        try:
+            rows.append(np.array(row, dtype=np.int64))
+        except OverflowError:
+            raise ValueError(f"{where} holds an integer too large for a count or an id") from None
+    return rows
+
+
+def _check_non_negative(row: np.ndarray, where: str) -> None:
+    if row.size and row.min() < 0:
+        raise ValueError(f"{where} holds a negative value {int(row.min())}")
+
+
+def _id_rows(
+    fields: dict[str, Any], key: str, num_layers: int, num_experts: int, top_k: int
+) -> tuple[np.ndarray, ...] | None:
+    """Optional flat id rows reshaped to (passes, top_k); None when absent."""
+    if key not in fields:
+        return None
+    rows = _int_rows(fields[key], key, num_layers)
+    shaped = []
+    for layer, row in enumerate(rows):
+        where = f"{key}[{layer}]"
+        if row.size:
+            if top_k == 0:
+                raise ValueError(f"{where} holds ids but top_k is 0")
+            if row.size % top_k:
+                raise ValueError(f"{where} has {row.size} ids, not a multiple of top_k={top_k}")
+            low, high = int(row.min()), int(row.max())
+            if low < 0 or high >= num_experts:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"{where} holds expert id {bad}, outside 0..{num_experts - 1}"
+                )
+        shaped.append(row.reshape(-1, top_k) if top_k else row.reshape(0, 0))
+    return tuple(shaped)
+
+
+def _router_logits(value: Any, num_layers: int) -> RouterLogits | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"router_logits must be an object, got {type(value).__name__}")
+    for key in ("layer", "pass"):
+        if type(value.get(key)) is not int or value[key] < 0:
+            raise ValueError(f"router_logits.{key} must be a non-negative integer")
+    if value["layer"] >= num_layers:
+        raise ValueError(f"router_logits.layer {value['layer']} is not below num_layers={num_layers}")
+    values = value.get("values")
+    if values is not None:
+        # The Python recorder writes a non-finite logit as null; read it as NaN.
+        if not isinstance(values, list) or any(
+            v is not None and type(v) not in (int, float) for v in values
+        ):
+            raise ValueError("router_logits.values must be a list of numbers or null")
+        values = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    return RouterLogits(value["layer"], value["pass"], values)
+

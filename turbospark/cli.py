@@ -1,0 +1,238 @@
+"""The ``turbospark`` command: ``analyze``, ``plot`` and ``demo``.
+
+Exit status: 0 when everything asked for holds; 1 when a capture check (or
+``--self-test``) fails, the report still printed; 2 when the job could not be
+done at all (unreadable or malformed capture, matplotlib missing for
+``plot``, bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence, TextIO
+
+from .analysis import DEFAULT_WINDOWS, analyze, self_test
+from .capture import Capture, load
+from .report import format_report
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Raises ``SystemExit`` (status 2) only for malformed arguments, as argparse does.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        return int(args.run(args))
+    except BrokenPipeError:
+        # `turbospark analyze ... | head`: the reader left; exit quietly, and
+        # point stdout at devnull so the interpreter's final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CHECK_FAILED
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turbospark",
+        description="Analyse Mixture-of-Experts router captures written by RouterHistogram.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    analyze_cmd = commands.add_parser(
+        "analyze",
+        help="per-layer concentration, window-distinct experts, reuse, pilot recall, LRU hit rate",
+        description="Analyse a capture; prints a per-layer table and a summary, or JSON.",
+    )
+    analyze_cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    _add_analysis_options(analyze_cmd)
+    analyze_cmd.add_argument(
+        "--self-test",
+        action="store_true",
+        help="also require pilot recall 1.0 on every layer with predictions "
+        "(a capture made with pilot='self' checks the probe's wiring)",
+    )
+    analyze_cmd.set_defaults(run=_run_analyze)
+
+    plot_cmd = commands.add_parser(
+        "plot",
+        help="heatmap, window-distinct curve and pilot recall in one PNG (needs matplotlib)",
+        description="Draw a capture: layer x expert selection share, distinct experts per "
+        "window of M passes against uniform routing, pilot recall per layer against random.",
+    )
+    plot_cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    plot_cmd.add_argument(
+        "-o", "--output", metavar="FILE.png", help="image to write (default: CAPTURE with .png)"
+    )
+    plot_cmd.add_argument(
+        "--max-window", type=_positive, default=16, metavar="M",
+        help="largest window M on the window-distinct curve (default 16)",
+    )
+    plot_cmd.set_defaults(run=_run_plot)
+
+    from .demo import DEFAULTS  # light: no recorder import until the demo runs
+
+    demo_cmd = commands.add_parser(
+        "demo",
+        help="simulate a MoE decode loop, record it, and analyse the capture",
+        description="Simulate MoE routing (skewed expert popularity, pass-to-pass reuse, a "
+        "one-layer-ahead predictor), record it with the real recorder (trace and pilot on), "
+        "write the capture and print its analysis.",
+    )
+    demo_cmd.add_argument("--out", default=DEFAULTS["out"], metavar="PATH",
+                          help=f"capture to write (default {DEFAULTS['out']})")
+    demo_cmd.add_argument("--layers", type=_positive, default=DEFAULTS["layers"],
+                          help=f"default {DEFAULTS['layers']}")
+    demo_cmd.add_argument("--experts", type=_positive, default=DEFAULTS["experts"],
+                          help=f"default {DEFAULTS['experts']}")
+    demo_cmd.add_argument("--top-k", type=_positive, default=DEFAULTS["top_k"],
+                          help=f"default {DEFAULTS['top_k']}")
+    demo_cmd.add_argument("--passes", type=_positive, default=DEFAULTS["passes"],
+                          help=f"decode passes (default {DEFAULTS['passes']})")
+    demo_cmd.add_argument("--seed", type=int, default=DEFAULTS["seed"],
+                          help=f"default {DEFAULTS['seed']}")
+    demo_cmd.add_argument("--pilot", choices=("next", "self"), default="next",
+                          help="probe mode: predict the next layer (default) or, as a wiring "
+                          "self-test, the layer itself")
+    _add_analysis_options(demo_cmd)
+    demo_cmd.set_defaults(run=_run_demo)
+    return parser
+
+
+def _add_analysis_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--window", type=_positive, action="append", metavar="M",
+        help="window of M consecutive passes for distinct-expert counts; repeatable "
+        f"(default {', '.join(map(str, DEFAULT_WINDOWS))})",
+    )
+    parser.add_argument(
+        "--cache", type=_positive, action="append", metavar="C",
+        help="simulate a C-slot LRU expert cache per layer; repeatable (needs the trace)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _load(path: str) -> Capture | None:
+    try:
+        return load(path)
+    except (OSError, ValueError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"turbospark: cannot read {path}: {detail}", file=sys.stderr)
+        return None
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    capture = _load(args.capture)
+    if capture is None:
+        return EXIT_UNUSABLE
+    return _report(capture, args, self_testing=args.self_test)
+
+
+def _report(capture: Capture, args: argparse.Namespace, *, self_testing: bool = False) -> int:
+    """Analyse and print; returns the exit status the checks call for."""
+    result = analyze(capture, args.window or DEFAULT_WINDOWS, args.cache or ())
+    out = sys.stdout
+    if args.json:
+        out.write(json.dumps(result) + "\n")
+    else:
+        out.write(format_report(capture, result))
+    ok = result["checks"]["counts_sum_ok"] and result["checks"]["trace_matches_counts"] is not False
+    if self_testing:
+        # With --json, stdout carries the document alone; the verdict goes to stderr.
+        ok = _print_self_test(capture, result, sys.stderr if args.json else out) and ok
+    return EXIT_OK if ok else EXIT_CHECK_FAILED
+
+
+def _print_self_test(capture: Capture, result: dict[str, Any], out: TextIO) -> bool:
+    checked, failed = self_test(capture, result)
+    if not checked:
+        print(
+            "SELF-TEST FAILED: no layer after layer 0 holds predictions "
+            "(record with pilot='self' and trace=True)",
+            file=out,
+        )
+        return False
+    if failed:
+        details = ", ".join(
+            f"{layer} ({_recall(result['layers'][layer]['pilot_recall'])})" for layer in failed
+        )
+        print(
+            f"SELF-TEST FAILED: pilot recall is not 100% on layer(s) {details}; "
+            "in self mode the probe reproduces the router, so it is mis-wired there "
+            "(or the capture was made with pilot='next')",
+            file=out,
+        )
+        return False
+    print(f"self-test: pilot recall 100% on all {len(checked)} layers with predictions: ok", file=out)
+    return True
+
+
+def _recall(value: float | None) -> str:
+    return "no trace to compare" if value is None else f"{value:.1%}"
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from .plot import MissingMatplotlib, plot_capture
+
+    capture = _load(args.capture)
+    if capture is None:
+        return EXIT_UNUSABLE
+    output = args.output or _png_beside(args.capture)
+    try:
+        plot_capture(capture, output, title=os.path.basename(args.capture), max_window=args.max_window)
+    except MissingMatplotlib as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except OSError as exc:
+        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(f"wrote {output}")
+    return EXIT_OK
+
+
+def _png_beside(path: str) -> str:
+    stem = path[: -len(".json")] if path.endswith(".json") else path
+    return stem + ".png"
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    if args.top_k > args.experts:
+        print(f"turbospark: --top-k {args.top_k} exceeds --experts {args.experts}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        capture = run_demo(
+            args.out,
+            layers=args.layers,
+            experts=args.experts,
+            top_k=args.top_k,
+            passes=args.passes,
+            seed=args.seed,
+            pilot=args.pilot,
+        )
+    except OSError as exc:
+        print(f"turbospark: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return _report(capture, args, self_testing=args.pilot == "self")
