@@ -300,6 +300,9 @@ def run_child(code: str, *args: str, env: dict[str, str] | None = None) -> subpr
     )
     return subprocess.run(
         [sys.executable, "-c", preamble + textwrap.dedent(code), *args],
+        # `python -c` puts the working directory first on sys.path: run where
+        # this turbospark lives, never beside a source tree of another one.
+        cwd=PACKAGE_ROOT,
         env=child_env,
         capture_output=True,
         text=True,

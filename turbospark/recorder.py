@@ -28,8 +28,10 @@ from ._f32display import format_f32_row
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-# Every open recorder, so that interpreter exit can write the ones still open.
+# Every open recorder, so that interpreter exit can write the ones still open,
+# and the closed ones whose write was interrupted, so that exit retries them.
 _live: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # Re-entrant: a garbage collection inside the lock may run __del__ -> close().
 _live_lock = threading.RLock()
 
@@ -184,10 +186,19 @@ class _Facade:
             _live.discard(self)
         if os.getpid() != self._owner_pid:
             return
+        self._write_and_report()
+
+    def _write_and_report(self) -> None:
         try:
             self.write()
         except Exception as exc:  # noqa: BLE001 -- close() must never raise
             _report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
+        except BaseException:
+            # Interrupted mid-write (Ctrl-C): nothing new is on disk, so the
+            # exit handler tries again rather than losing the capture.
+            with _live_lock:
+                _interrupted.add(self)
+            raise
         else:
             _report(f"[router-hist] wrote {self._path}")
 
@@ -246,6 +257,11 @@ def _close_all() -> None:
     """Write every recorder still open at interpreter exit, as the reference writes on drop."""
     with _live_lock:
         recorders = list(_live)
+        retries = list(_interrupted)
+        _interrupted.clear()
+    for recorder in retries:
+        if os.getpid() == recorder._owner_pid:
+            recorder._write_and_report()
     for recorder in recorders:
         recorder.close()
 
