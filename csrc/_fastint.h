@@ -38,6 +38,38 @@ static inline int ts_compact_int(PyObject *op, long long *value) {
 }
 #endif
 
+/* Fault in [from, to) bytes of a buffer ahead of its writer, in one call.
+ * A trace is written front to back into fresh memory; with one page fault per
+ * 4 KiB page, the faults cost more than the recording itself on a virtual
+ * machine. Populating a window ahead of the write pointer trades one system
+ * call for many faults, at the price of at most one window of resident
+ * memory not yet written. Returns 0, or -1 when the kernel lacks the call
+ * (the caller then stops asking). */
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+static inline int ts_prefault(void *base, size_t from, size_t to) {
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+    static uintptr_t page = 0;
+    if (page == 0) {
+        long size = sysconf(_SC_PAGESIZE);
+        page = size > 0 ? (uintptr_t)size : 4096;
+    }
+    uintptr_t start = ((uintptr_t)base + from) & ~(page - 1);
+    uintptr_t end = ((uintptr_t)base + to) & ~(page - 1);
+    if (end <= start) {
+        return 0;
+    }
+    return madvise((void *)start, end - start, MADV_POPULATE_WRITE) == 0 ? 0 : -1;
+#else
+    (void)base;
+    (void)from;
+    (void)to;
+    return -1;
+#endif
+}
+
 /* Copy leading small non-negative exact ints below ``limit`` from ``items``
  * into ``out``; return how many were copied (n when all of them were). Runs
  * no Python code, so the caller may write straight into a shared buffer. */

@@ -25,6 +25,7 @@ cnp.import_array()
 cdef extern from "_fastint.h":
     bint ts_compact_int(PyObject* op, long long* value)
     Py_ssize_t ts_small_ints(PyObject** items, Py_ssize_t n, unsigned long long limit, uint32_t* out)
+    int ts_prefault(void* base, size_t start, size_t end) noexcept nogil
 
 cdef extern from "Python.h":
     bint PyLong_CheckExact(object)
@@ -49,6 +50,44 @@ ctypedef struct IdBuf:
     uint32_t* data
     size_t len
     size_t cap
+    size_t faulted  # ids of capacity known to be resident (see _prefault)
+
+# How far ahead of the writer a trace's memory is faulted in: a quarter of
+# what it holds, between 4 KiB and 64 KiB, so the memory faulted but not yet
+# written stays small next to the trace itself.
+cdef size_t PREFAULT_MIN_IDS = 1024
+cdef size_t PREFAULT_MAX_IDS = 16384
+cdef bint _prefault_works = True
+
+
+cdef inline void _prefault_spare(IdBuf* buf, size_t n) noexcept nogil:
+    """Fault in the next ``n`` ids of spare capacity in one call, before a bulk write."""
+    global _prefault_works
+    cdef size_t end = buf.len + n
+    if end <= buf.faulted or not _prefault_works:
+        return
+    if ts_prefault(buf.data, buf.faulted * sizeof(uint32_t), end * sizeof(uint32_t)) != 0:
+        _prefault_works = False
+    buf.faulted = end
+
+
+cdef inline void _prefault(IdBuf* buf) noexcept nogil:
+    """Fault in the next window of capacity once the writer passes the last one."""
+    global _prefault_works
+    cdef size_t end, window
+    if buf.len < buf.faulted or not _prefault_works:
+        return
+    window = buf.len // 4
+    if window < PREFAULT_MIN_IDS:
+        window = PREFAULT_MIN_IDS
+    elif window > PREFAULT_MAX_IDS:
+        window = PREFAULT_MAX_IDS
+    end = buf.len + window
+    if end > buf.cap:
+        end = buf.cap
+    if ts_prefault(buf.data, buf.faulted * sizeof(uint32_t), end * sizeof(uint32_t)) != 0:
+        _prefault_works = False
+    buf.faulted = end
 
 
 cdef int _reserve(IdBuf* buf, size_t extra) except -1:
@@ -118,6 +157,118 @@ cdef Py_ssize_t _convert_array(cnp.ndarray arr, Py_ssize_t n, Py_ssize_t stride,
             return _convert_strided(<const int8_t*>data, n, stride, out, num_experts)
         return _convert_strided(<const uint8_t*>data, n, stride, out, num_experts)
     raise _errors.dtype(str(arr.dtype))
+
+
+cdef inline uint64_t _clamp(uint64_t value, uint64_t limit) noexcept nogil:
+    return value if value < limit else limit
+
+
+cdef bint _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
+                         uint64_t* tables) noexcept nogil:
+    """One pass over ``n`` contiguous ids: validate, copy to ``out`` (unless NULL), count.
+
+    Counts go to four interleaved scratch tables of ``num_experts + 1`` slots
+    (zeroed by the caller): one table would serialise on repeated ids, each
+    increment waiting for the previous store to the same counter. An
+    out-of-range id (a negative one too, once cast to uint64) is counted in
+    the spare last slot, so nothing is written out of bounds and the caller,
+    seeing True, merges nothing and names the bad id instead.
+    """
+    cdef uint64_t bad = 0
+    cdef uint64_t v0, v1, v2, v3
+    cdef uint64_t width = num_experts + 1
+    cdef Py_ssize_t i = 0
+    cdef Py_ssize_t quad = n - n % 4
+    while i < quad:
+        v0 = <uint64_t>src[i]
+        v1 = <uint64_t>src[i + 1]
+        v2 = <uint64_t>src[i + 2]
+        v3 = <uint64_t>src[i + 3]
+        bad |= (v0 >= num_experts) | (v1 >= num_experts) | (v2 >= num_experts) | (v3 >= num_experts)
+        if out != NULL:
+            out[i] = <uint32_t>v0
+            out[i + 1] = <uint32_t>v1
+            out[i + 2] = <uint32_t>v2
+            out[i + 3] = <uint32_t>v3
+        tables[_clamp(v0, num_experts)] += 1
+        tables[width + _clamp(v1, num_experts)] += 1
+        tables[2 * width + _clamp(v2, num_experts)] += 1
+        tables[3 * width + _clamp(v3, num_experts)] += 1
+        i += 4
+    while i < n:
+        v0 = <uint64_t>src[i]
+        bad |= v0 >= num_experts
+        if out != NULL:
+            out[i] = <uint32_t>v0
+        tables[_clamp(v0, num_experts)] += 1
+        i += 1
+    return bad != 0
+
+
+cdef bint _convert_count_array(cnp.ndarray arr, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
+                               uint64_t* tables) except -1:
+    """Dispatch ``_convert_count`` on a C-contiguous, native, aligned integer array."""
+    cdef void* data = cnp.PyArray_DATA(arr)
+    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
+    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
+    if itemsize == 8:
+        if signed:
+            return _convert_count(<const int64_t*>data, n, out, num_experts, tables)
+        return _convert_count(<const uint64_t*>data, n, out, num_experts, tables)
+    if itemsize == 4:
+        if signed:
+            return _convert_count(<const int32_t*>data, n, out, num_experts, tables)
+        return _convert_count(<const uint32_t*>data, n, out, num_experts, tables)
+    if itemsize == 2:
+        if signed:
+            return _convert_count(<const int16_t*>data, n, out, num_experts, tables)
+        return _convert_count(<const uint16_t*>data, n, out, num_experts, tables)
+    if itemsize == 1:
+        if signed:
+            return _convert_count(<const int8_t*>data, n, out, num_experts, tables)
+        return _convert_count(<const uint8_t*>data, n, out, num_experts, tables)
+    raise _errors.dtype(str(arr.dtype))
+
+
+# Above this many experts the scratch count tables of record_many would cost
+# more to clear and merge than they save; count in place instead.
+cdef uint64_t MAX_TABLE_EXPERTS = 65536
+
+
+cdef int _record_many_sparse(RecorderCore self, Py_ssize_t index, cnp.ndarray arr, Py_ssize_t rows,
+                             Py_ssize_t width, uint32_t* ids) except -1:
+    """``record_many`` for very many experts: validate into ``ids`` (or scratch), then count in place."""
+    cdef Py_ssize_t i
+    cdef Py_ssize_t total = rows * width
+    cdef uint32_t* scratch = NULL
+    cdef uint64_t* row = self._counts + index * self._num_experts
+    if ids == NULL:
+        scratch = <uint32_t*>malloc(total * sizeof(uint32_t))
+        if scratch == NULL:
+            raise MemoryError()
+        ids = scratch
+    try:
+        if _convert_array(arr, total, cnp.PyArray_ITEMSIZE(arr), ids, self._num_experts) >= 0:
+            _convert.array_ids(arr, self._num_experts)  # raises, naming the id
+        _recheck_k(self, width)
+        for i in range(total):
+            row[ids[i]] += 1
+        if self._top_k == 0:
+            self._top_k = width
+        if self._trace != NULL:
+            self._trace[index].len += total
+            _prefault(&self._trace[index])
+        self._passes[index] += rows
+    finally:
+        free(scratch)
+    return 0
+
+
+cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_experts) noexcept nogil:
+    cdef uint64_t e
+    cdef uint64_t width = num_experts + 1
+    for e in range(num_experts):
+        row[e] += tables[e] + tables[width + e] + tables[2 * width + e] + tables[3 * width + e]
 
 
 cdef cnp.ndarray _plain_integer_array(cnp.ndarray arr):
@@ -326,11 +477,10 @@ cdef class RecorderCore:
         _commit_prediction(self, index, dest, n, False)
 
     def record_many(self, layer, selected):
-        cdef Py_ssize_t index, rows, width, total, i, bad
+        cdef Py_ssize_t index, rows, width, total
         cdef cnp.ndarray arr
         cdef uint32_t* ids
-        cdef uint32_t* scratch = NULL
-        cdef uint64_t* row
+        cdef uint64_t* tables
         if self._closed:
             raise _errors.closed()
         index = _layer_index(self, layer)
@@ -348,31 +498,30 @@ cdef class RecorderCore:
         if rows == 0:
             return
         total = rows * width
+        ids = NULL
         if self._trace != NULL:
             # Convert straight into the trace's spare capacity: it becomes part
             # of the trace only when len moves, after the whole call is valid.
-            _reserve(&self._trace[index], total)
-            ids = self._trace[index].data + self._trace[index].len
-        else:
-            scratch = <uint32_t*>malloc(total * sizeof(uint32_t))
-            if scratch == NULL:
-                raise MemoryError()
-            ids = scratch
+            ids = _spare(&self._trace[index], total)
+            _prefault_spare(&self._trace[index], total)
+        if self._num_experts > MAX_TABLE_EXPERTS:
+            return _record_many_sparse(self, index, arr, rows, width, ids)
+        tables = <uint64_t*>calloc(4 * (self._num_experts + 1), sizeof(uint64_t))
+        if tables == NULL:
+            raise MemoryError()
         try:
-            bad = _convert_array(arr, total, cnp.PyArray_ITEMSIZE(arr), ids, self._num_experts)
-            if bad >= 0:
+            if _convert_count_array(arr, total, ids, self._num_experts, tables):
                 _convert.array_ids(arr, self._num_experts)  # raises, naming the id
             _recheck_k(self, width)
-            row = self._counts + index * self._num_experts
-            for i in range(total):
-                row[ids[i]] += 1
+            _merge_counts(self._counts + index * self._num_experts, tables, self._num_experts)
             if self._top_k == 0:
                 self._top_k = width
             if self._trace != NULL:
                 self._trace[index].len += total
+                _prefault(&self._trace[index])
             self._passes[index] += rows
         finally:
-            free(scratch)
+            free(tables)
 
     def record_router_logits(self, layer, logits):
         cdef Py_ssize_t index, got
@@ -611,6 +760,7 @@ cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uin
         if copy:
             memcpy(_spare(trace, n), ids, n * sizeof(uint32_t))
         trace.len += n
+        _prefault(trace)
     for i in range(n):
         row[ids[i]] += 1
     if self._top_k == 0:
@@ -629,6 +779,7 @@ cdef inline int _commit_prediction(RecorderCore self, Py_ssize_t index, const ui
     if copy:
         memcpy(_spare(pred, n), ids, n * sizeof(uint32_t))
     pred.len += n
+    _prefault(pred)
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = n
     return 0

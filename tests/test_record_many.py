@@ -230,3 +230,20 @@ def test_a_block_with_a_bad_id_records_nothing(case: dict[str, Any], spot: int, 
         assert hist.to_json() == before
     finally:
         hist._mark_closed()
+
+
+@pytest.mark.parametrize("trace", [True, False])
+def test_record_many_with_very_many_experts_equals_records(make: Any, trace: bool) -> None:
+    # Past 65,536 experts the compiled core counts in place instead of in
+    # scratch tables; the result must not change.
+    experts = 70_000
+    ids = np.array([[69_999, 0, 5], [12, 69_999, 69_999]], dtype=np.int64)
+    bulk = make(2, experts, trace=trace, name="bulk.json")
+    single = make(2, experts, trace=trace, name="single.json")
+    bulk.record_many(1, ids)
+    for row in ids.tolist():
+        single.record(1, row)
+    assert bulk.to_json() == single.to_json()
+    with pytest.raises(ValueError, match="expert id 70000 at position \\(1, 2\\)"):
+        bulk.record_many(1, np.array([[1, 2, 3], [4, 5, 70_000]]))
+    assert bulk.to_json() == single.to_json()
