@@ -28,7 +28,7 @@ static inline int ts_compact_int(PyObject *op, long long *value) {
 #else
 static inline int ts_compact_int(PyObject *op, long long *value) {
     Py_ssize_t size = Py_SIZE(op);
-    if (size >= -1 && size <= 1) {
+    if ((size_t)(size + 1) <= 2) {  /* size is -1, 0 or 1: one digit at most */
         *value = (long long)size * (long long)((PyLongObject *)op)->ob_digit[0];
         return 1;
     }
@@ -70,21 +70,106 @@ static inline int ts_prefault(void *base, size_t from, size_t to) {
 #endif
 }
 
-/* Copy leading small non-negative exact ints below ``limit`` from ``items``
- * into ``out``; return how many were copied (n when all of them were). Runs
- * no Python code, so the caller may write straight into a shared buffer. */
-static inline Py_ssize_t ts_small_ints(PyObject *const *items, Py_ssize_t n,
-                                       unsigned long long limit, uint32_t *out) {
-    for (Py_ssize_t i = 0; i < n; i++) {
+/* A small non-negative exact int below ``limit`` as an index, else -1. */
+static inline Py_ssize_t ts_small_index(PyObject *op, Py_ssize_t limit) {
+    long long value;
+    if (PyLong_CheckExact(op) && ts_compact_int(op, &value) && value >= 0 && value < (long long)limit) {
+        return (Py_ssize_t)value;
+    }
+    return -1;
+}
+
+/* CPython keeps the ints 0..256 as singletons laid out in one array. An id
+ * that is one of them is known by its address alone: no type, size or digit
+ * to load. ts_init_small_ints() checks that layout at import time, element by
+ * element, and leaves the shortcut off if it does not hold (another
+ * implementation, a future CPython); everything else takes the general path. */
+static const char *ts_small_base = NULL;
+static uintptr_t ts_small_span = 0;
+static unsigned ts_small_shift = 0;
+
+static inline int ts_init_small_ints(void) {
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *one = PyLong_FromLong(1);
+    if (zero == NULL || one == NULL) {
+        Py_XDECREF(zero);
+        Py_XDECREF(one);
+        return -1;
+    }
+    intptr_t stride = (char *)one - (char *)zero;
+    Py_DECREF(zero);
+    Py_DECREF(one);
+    unsigned shift = 0;
+    while (shift < 16 && ((intptr_t)1 << shift) < stride) {
+        shift++;
+    }
+    if (stride <= 0 || ((intptr_t)1 << shift) != stride) {
+        return 0;
+    }
+    const char *base = (const char *)zero;
+    for (long k = 0; k <= 256; k++) {
+        PyObject *value = PyLong_FromLong(k);
+        if (value == NULL) {
+            return -1;
+        }
+        int same = (const char *)value == base + k * stride;
+        Py_DECREF(value);
+        if (!same) {
+            return 0;
+        }
+    }
+    ts_small_base = base;
+    ts_small_shift = shift;
+    ts_small_span = (uintptr_t)257 << shift;
+    return 0;
+}
+
+/* Validate, store and count leading ids of ``items``: each a small
+ * non-negative exact int below ``limit``, copied to ``out`` and counted in
+ * ``row`` (unless NULL). Returns n when all were; otherwise takes back the
+ * counts it added and returns the position of the first id that needs the
+ * general path. Runs no Python code, so ``out`` may be a shared buffer's
+ * spare room. */
+static inline Py_ssize_t ts_record_ints_into(PyObject *const *items, Py_ssize_t n, unsigned long long limit,
+                                             uint32_t *out, uint64_t *row, const int counting) {
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
         PyObject *op = items[i];
-        long long value;
-        if (!PyLong_CheckExact(op) || !ts_compact_int(op, &value) || value < 0
-                || (unsigned long long)value >= limit) {
-            return i;
+        uintptr_t offset = (uintptr_t)((const char *)op - ts_small_base);
+        unsigned long long value;
+        if (offset < ts_small_span) {
+            value = offset >> ts_small_shift;
+        } else {
+            long long general;
+            if (!PyLong_CheckExact(op) || !ts_compact_int(op, &general) || general < 0) {
+                break;
+            }
+            value = (unsigned long long)general;
+        }
+        if (value >= limit) {
+            break;
         }
         out[i] = (uint32_t)value;
+        if (counting) {
+            row[value]++;
+        }
     }
-    return n;
+    if (counting && i < n) {
+        for (Py_ssize_t j = 0; j < i; j++) {
+            row[out[j]]--;
+        }
+    }
+    return i;
+}
+
+/* Two copies of the loop, with and without counting (a constant the compiler
+ * folds), rather than a branch per id. */
+static inline Py_ssize_t ts_record_ints(PyObject *const *items, Py_ssize_t n, unsigned long long limit,
+                                        uint32_t *out, uint64_t *row) {
+    if (row != NULL) {
+        return ts_record_ints_into(items, n, limit, out, row, 1);
+    }
+    return ts_record_ints_into(items, n, limit, out, NULL, 0);
 }
 
 #endif

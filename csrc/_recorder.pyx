@@ -21,10 +21,14 @@ import numpy as np
 from turbospark import _convert, _errors
 
 cnp.import_array()
+ts_init_small_ints()
 
 cdef extern from "_fastint.h":
     bint ts_compact_int(PyObject* op, long long* value)
-    Py_ssize_t ts_small_ints(PyObject** items, Py_ssize_t n, unsigned long long limit, uint32_t* out)
+    int ts_init_small_ints() except -1
+    Py_ssize_t ts_record_ints(PyObject** items, Py_ssize_t n, unsigned long long limit, uint32_t* out,
+                              uint64_t* row)
+    Py_ssize_t ts_small_index(PyObject* op, Py_ssize_t limit)
     int ts_prefault(void* base, size_t start, size_t end) noexcept nogil
 
 cdef extern from "Python.h":
@@ -132,6 +136,49 @@ cdef Py_ssize_t _convert_strided(const int_t* first, Py_ssize_t n, Py_ssize_t st
             return i
         out[i] = <uint32_t>value
     return -1
+
+
+cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssize_t stride,
+                                       uint32_t* out, uint64_t* row, uint64_t num_experts) noexcept nogil:
+    """``_convert_strided`` that also counts into ``row``, taking its counts back on a bad id."""
+    cdef const char* base = <const char*>first
+    cdef int_t value
+    cdef Py_ssize_t i, j
+    for i in range(n):
+        value = (<const int_t*>(base + i * stride))[0]
+        if value < 0 or <uint64_t>value >= num_experts:
+            for j in range(i):
+                row[out[j]] -= 1
+            return i
+        out[i] = <uint32_t>value
+        row[value] += 1
+    return -1
+
+
+cdef Py_ssize_t _record_array(cnp.ndarray arr, Py_ssize_t n, uint32_t* out, uint64_t* row,
+                              uint64_t num_experts) except -2:
+    """Dispatch ``_record_strided`` on the (native, aligned, integer) dtype of a 1-D ``arr``."""
+    cdef void* data = cnp.PyArray_DATA(arr)
+    cdef Py_ssize_t stride = cnp.PyArray_STRIDE(arr, 0)
+    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
+    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
+    if itemsize == 8:
+        if signed:
+            return _record_strided(<const int64_t*>data, n, stride, out, row, num_experts)
+        return _record_strided(<const uint64_t*>data, n, stride, out, row, num_experts)
+    if itemsize == 4:
+        if signed:
+            return _record_strided(<const int32_t*>data, n, stride, out, row, num_experts)
+        return _record_strided(<const uint32_t*>data, n, stride, out, row, num_experts)
+    if itemsize == 2:
+        if signed:
+            return _record_strided(<const int16_t*>data, n, stride, out, row, num_experts)
+        return _record_strided(<const uint16_t*>data, n, stride, out, row, num_experts)
+    if itemsize == 1:
+        if signed:
+            return _record_strided(<const int8_t*>data, n, stride, out, row, num_experts)
+        return _record_strided(<const uint8_t*>data, n, stride, out, row, num_experts)
+    raise _errors.dtype(str(arr.dtype))
 
 
 cdef Py_ssize_t _convert_array(cnp.ndarray arr, Py_ssize_t n, Py_ssize_t stride,
@@ -447,7 +494,9 @@ cdef class RecorderCore:
             dest = local
         else:
             return _record_slowly(self, index, selected, kind, n, False)
-        if _convert_fast(self, selected, kind, n, dest) < n:
+        # The fast conversion counts as it goes (and takes its counts back if
+        # it stops early): no Python code runs in it, so nobody sees them.
+        if _convert_fast(self, selected, kind, n, dest, self._counts + index * self._num_experts) < n:
             return _record_slowly(self, index, selected, kind, n, False)
         _commit_selection(self, index, dest, n, False)
 
@@ -472,7 +521,7 @@ cdef class RecorderCore:
             dest = local
         else:
             return _record_slowly(self, index, predicted, kind, n, True)
-        if _convert_fast(self, predicted, kind, n, dest) < n:
+        if _convert_fast(self, predicted, kind, n, dest, NULL) < n:
             return _record_slowly(self, index, predicted, kind, n, True)
         _commit_prediction(self, index, dest, n, False)
 
@@ -635,9 +684,13 @@ cdef enum:
     ARRAY = 3
 
 cdef inline Py_ssize_t _layer_index(RecorderCore self, object layer) except -1:
-    cdef long long index
-    if PyLong_CheckExact(layer) and ts_compact_int(<PyObject*>layer, &index) and 0 <= index < self._num_layers:
-        return <Py_ssize_t>index
+    cdef Py_ssize_t index = ts_small_index(<PyObject*>layer, self._num_layers)
+    if index >= 0:
+        return index
+    return _layer_index_slowly(self, layer)
+
+
+cdef Py_ssize_t _layer_index_slowly(RecorderCore self, object layer) except -1:
     return _convert.check_layer(layer, self._num_layers)
 
 
@@ -698,14 +751,23 @@ cdef inline uint32_t* _spare(IdBuf* buf, Py_ssize_t n) except NULL:
 
 
 cdef inline Py_ssize_t _convert_fast(RecorderCore self, object selected, int kind, Py_ssize_t n,
-                                     uint32_t* dest) except -1:
-    """Convert without running Python code; return how many ids were done (n, or fewer to go slowly)."""
+                                     uint32_t* dest, uint64_t* row) except -1:
+    """Convert, and count into ``row`` unless NULL, without running Python code.
+
+    Returns n, or fewer (having counted nothing) when some id needs the slow
+    path; raises, having counted nothing, for an array with a bad id.
+    """
+    cdef Py_ssize_t bad
     if kind == ARRAY:
-        if _convert_array(<cnp.ndarray>selected, n, cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0),
-                          dest, self._num_experts) >= 0:
+        if row != NULL:
+            bad = _record_array(<cnp.ndarray>selected, n, dest, row, self._num_experts)
+        else:
+            bad = _convert_array(<cnp.ndarray>selected, n, cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0),
+                                 dest, self._num_experts)
+        if bad >= 0:
             _convert.array_ids(selected, self._num_experts)  # raises, naming the id
         return n
-    return ts_small_ints(PySequence_Fast_ITEMS(selected), n, self._num_experts, dest)
+    return ts_record_ints(PySequence_Fast_ITEMS(selected), n, self._num_experts, dest, row)
 
 
 cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_t n,
@@ -715,7 +777,7 @@ cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_
     cdef PyObject* item
     cdef long long value
     if kind == ARRAY:
-        return _convert_fast(self, selected, kind, n, ids)
+        return _convert_fast(self, selected, kind, n, ids, NULL)
     for i in range(n):
         if kind == LIST:
             # That code may shrink the list under us.
@@ -749,20 +811,22 @@ cdef int _record_slowly(RecorderCore self, Py_ssize_t index, object selected, in
 
 
 cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uint32_t* ids,
-                                  Py_ssize_t n, bint copy) except -1:
-    """Count validated ids; append them to the trace (copying them there when ``copy``)."""
+                                  Py_ssize_t n, bint slow) except -1:
+    """Append validated ids to the trace; after a slow conversion, also copy and count them."""
     cdef Py_ssize_t i
     cdef uint64_t* row = self._counts + index * self._num_experts
     cdef IdBuf* trace
-    _recheck_k(self, n)
+    if slow:
+        _recheck_k(self, n)
     if self._trace != NULL:
         trace = &self._trace[index]
-        if copy:
+        if slow:
             memcpy(_spare(trace, n), ids, n * sizeof(uint32_t))
         trace.len += n
         _prefault(trace)
-    for i in range(n):
-        row[ids[i]] += 1
+    if slow:
+        for i in range(n):
+            row[ids[i]] += 1
     if self._top_k == 0:
         self._top_k = n
     self._passes[index] += 1
