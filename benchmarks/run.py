@@ -95,7 +95,27 @@ def bench_record_vs_noop(repeats: int, number: int) -> list[Row]:
                 ratio <= target,
             )
         )
+    # Not a target: the same call with the trace off shows how much of the
+    # figure above is the trace's fresh memory (first-touch page faults).
+    untraced = turbospark.RouterHistogram(os.path.join(SCRATCH, "capture.json"), LAYERS, EXPERTS, TOP_K)
+    namespace = {"hist": untraced, "noop": noop, "ids": IDS}
+    ours, floor = interleaved(
+        per_call("hist.record(3, ids)", namespace, number),
+        per_call("noop.record(3, ids)", namespace, number),
+        repeats,
+    )
+    rows.append(
+        Row(
+            "record(layer, list of 8 ints), trace off",
+            f"{ours * 1e9:.1f} ns/call",
+            f"no-op method {floor * 1e9:.1f} ns/call",
+            ours / floor,
+            "(for reference)",
+            True,
+        )
+    )
     discard(hist)
+    discard(untraced)
     return rows
 
 
@@ -277,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(
             f"{row.figure:<{widths[0]}}  {row.subject:>{widths[1]}}  {row.comparison:<{widths[2]}}  "
-            f"ratio {row.ratio:6.2f}  target {row.target:<18} {'met' if row.met else 'MISSED'}"
+            f"ratio {row.ratio:6.2f}  target {row.target:<18} "
+            f"{'' if row.target.startswith('(') else 'met' if row.met else 'MISSED'}"
         )
     return 0 if all(row.met for row in rows) else 1
 

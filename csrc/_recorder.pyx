@@ -155,57 +155,6 @@ cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssiz
     return -1
 
 
-cdef Py_ssize_t _record_array(cnp.ndarray arr, Py_ssize_t n, uint32_t* out, uint64_t* row,
-                              uint64_t num_experts) except -2:
-    """Dispatch ``_record_strided`` on the (native, aligned, integer) dtype of a 1-D ``arr``."""
-    cdef void* data = cnp.PyArray_DATA(arr)
-    cdef Py_ssize_t stride = cnp.PyArray_STRIDE(arr, 0)
-    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
-    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
-    if itemsize == 8:
-        if signed:
-            return _record_strided(<const int64_t*>data, n, stride, out, row, num_experts)
-        return _record_strided(<const uint64_t*>data, n, stride, out, row, num_experts)
-    if itemsize == 4:
-        if signed:
-            return _record_strided(<const int32_t*>data, n, stride, out, row, num_experts)
-        return _record_strided(<const uint32_t*>data, n, stride, out, row, num_experts)
-    if itemsize == 2:
-        if signed:
-            return _record_strided(<const int16_t*>data, n, stride, out, row, num_experts)
-        return _record_strided(<const uint16_t*>data, n, stride, out, row, num_experts)
-    if itemsize == 1:
-        if signed:
-            return _record_strided(<const int8_t*>data, n, stride, out, row, num_experts)
-        return _record_strided(<const uint8_t*>data, n, stride, out, row, num_experts)
-    raise _errors.dtype(str(arr.dtype))
-
-
-cdef Py_ssize_t _convert_array(cnp.ndarray arr, Py_ssize_t n, Py_ssize_t stride,
-                               uint32_t* out, uint64_t num_experts) except -2:
-    """Dispatch on the (native, aligned, integer) dtype of ``arr``."""
-    cdef void* data = cnp.PyArray_DATA(arr)
-    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
-    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
-    if itemsize == 8:
-        if signed:
-            return _convert_strided(<const int64_t*>data, n, stride, out, num_experts)
-        return _convert_strided(<const uint64_t*>data, n, stride, out, num_experts)
-    if itemsize == 4:
-        if signed:
-            return _convert_strided(<const int32_t*>data, n, stride, out, num_experts)
-        return _convert_strided(<const uint32_t*>data, n, stride, out, num_experts)
-    if itemsize == 2:
-        if signed:
-            return _convert_strided(<const int16_t*>data, n, stride, out, num_experts)
-        return _convert_strided(<const uint16_t*>data, n, stride, out, num_experts)
-    if itemsize == 1:
-        if signed:
-            return _convert_strided(<const int8_t*>data, n, stride, out, num_experts)
-        return _convert_strided(<const uint8_t*>data, n, stride, out, num_experts)
-    raise _errors.dtype(str(arr.dtype))
-
-
 cdef inline uint64_t _clamp(uint64_t value, uint64_t limit) noexcept nogil:
     return value if value < limit else limit
 
@@ -252,31 +201,6 @@ cdef bint _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t
     return bad != 0
 
 
-cdef bint _convert_count_array(cnp.ndarray arr, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
-                               uint64_t* tables) except -1:
-    """Dispatch ``_convert_count`` on a C-contiguous, native, aligned integer array."""
-    cdef void* data = cnp.PyArray_DATA(arr)
-    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
-    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
-    if itemsize == 8:
-        if signed:
-            return _convert_count(<const int64_t*>data, n, out, num_experts, tables)
-        return _convert_count(<const uint64_t*>data, n, out, num_experts, tables)
-    if itemsize == 4:
-        if signed:
-            return _convert_count(<const int32_t*>data, n, out, num_experts, tables)
-        return _convert_count(<const uint32_t*>data, n, out, num_experts, tables)
-    if itemsize == 2:
-        if signed:
-            return _convert_count(<const int16_t*>data, n, out, num_experts, tables)
-        return _convert_count(<const uint16_t*>data, n, out, num_experts, tables)
-    if itemsize == 1:
-        if signed:
-            return _convert_count(<const int8_t*>data, n, out, num_experts, tables)
-        return _convert_count(<const uint8_t*>data, n, out, num_experts, tables)
-    raise _errors.dtype(str(arr.dtype))
-
-
 # Above this many experts the scratch count tables of record_many would cost
 # more to clear and merge than they save; count in place instead.
 cdef uint64_t MAX_TABLE_EXPERTS = 65536
@@ -295,7 +219,7 @@ cdef int _record_many_sparse(RecorderCore self, Py_ssize_t index, cnp.ndarray ar
             raise MemoryError()
         ids = scratch
     try:
-        if _convert_array(arr, total, cnp.PyArray_ITEMSIZE(arr), ids, self._num_experts) >= 0:
+        if _on_array(arr, CONVERT, total, cnp.PyArray_ITEMSIZE(arr), ids, NULL, self._num_experts) >= 0:
             _convert.array_ids(arr, self._num_experts)  # raises, naming the id
         _recheck_k(self, width)
         for i in range(total):
@@ -316,6 +240,53 @@ cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_expe
     cdef uint64_t width = num_experts + 1
     for e in range(num_experts):
         row[e] += tables[e] + tables[width + e] + tables[2 * width + e] + tables[3 * width + e]
+
+
+cdef enum:
+    # What _on_array does with an integer array's ids (see _kernel).
+    CONVERT = 0
+    RECORD = 1
+    CONVERT_COUNT = 2
+
+
+cdef inline Py_ssize_t _kernel(const int_t* data, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
+                               uint64_t* counts, uint64_t num_experts) noexcept nogil:
+    """One loop over ``n`` ids of one dtype; returns the position of a bad id (0 for CONVERT_COUNT), or -1.
+
+    CONVERT copies strided ids to ``out``; RECORD also counts them into the
+    row ``counts``; CONVERT_COUNT reads contiguous ids into ``out`` (unless
+    NULL) and the four scratch tables ``counts``.
+    """
+    if op == CONVERT:
+        return _convert_strided(data, n, stride, out, num_experts)
+    if op == RECORD:
+        return _record_strided(data, n, stride, out, counts, num_experts)
+    return 0 if _convert_count(data, n, out, num_experts, counts) else -1
+
+
+cdef Py_ssize_t _on_array(cnp.ndarray arr, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
+                          uint64_t* counts, uint64_t num_experts) except -2:
+    """Run ``_kernel`` on the (native, aligned, integer) dtype of ``arr``."""
+    cdef void* data = cnp.PyArray_DATA(arr)
+    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
+    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
+    if itemsize == 8:
+        if signed:
+            return _kernel(<const int64_t*>data, op, n, stride, out, counts, num_experts)
+        return _kernel(<const uint64_t*>data, op, n, stride, out, counts, num_experts)
+    if itemsize == 4:
+        if signed:
+            return _kernel(<const int32_t*>data, op, n, stride, out, counts, num_experts)
+        return _kernel(<const uint32_t*>data, op, n, stride, out, counts, num_experts)
+    if itemsize == 2:
+        if signed:
+            return _kernel(<const int16_t*>data, op, n, stride, out, counts, num_experts)
+        return _kernel(<const uint16_t*>data, op, n, stride, out, counts, num_experts)
+    if itemsize == 1:
+        if signed:
+            return _kernel(<const int8_t*>data, op, n, stride, out, counts, num_experts)
+        return _kernel(<const uint8_t*>data, op, n, stride, out, counts, num_experts)
+    raise _errors.dtype(str(arr.dtype))
 
 
 cdef cnp.ndarray _plain_integer_array(cnp.ndarray arr):
@@ -471,59 +442,10 @@ cdef class RecorderCore:
         return self._pred != NULL
 
     def record(self, layer, selected):
-        cdef uint32_t local[STACK_IDS]
-        cdef uint32_t* dest
-        cdef Py_ssize_t index, n = 0
-        cdef int kind
-        if self._closed:
-            raise _errors.closed()
-        index = _layer_index(self, layer)
-        kind = _kind(selected, &n)
-        if kind == OTHER:
-            selected = _normalize(selected)
-            kind = _kind(selected, &n)
-            if kind == OTHER:  # cannot happen: _normalize returns what _kind accepts
-                raise _errors.selection_type(selected)
-        _expect(self, n)
-        # Ids are converted straight into the trace's spare capacity (or a
-        # stack buffer): they join the trace only when its length moves, after
-        # the whole call has been validated.
-        if self._trace != NULL:
-            dest = _spare(&self._trace[index], n)
-        elif n <= STACK_IDS:
-            dest = local
-        else:
-            return _record_slowly(self, index, selected, kind, n, False)
-        # The fast conversion counts as it goes (and takes its counts back if
-        # it stops early): no Python code runs in it, so nobody sees them.
-        if _convert_fast(self, selected, kind, n, dest, self._counts + index * self._num_experts) < n:
-            return _record_slowly(self, index, selected, kind, n, False)
-        _commit_selection(self, index, dest, n, False)
+        _record_pass(self, layer, selected, False)
 
     def record_prediction(self, layer, predicted):
-        cdef uint32_t local[STACK_IDS]
-        cdef uint32_t* dest
-        cdef Py_ssize_t index, n = 0
-        cdef int kind
-        if self._closed:
-            raise _errors.closed()
-        index = _layer_index(self, layer)
-        kind = _kind(predicted, &n)
-        if kind == OTHER:
-            predicted = _normalize(predicted)
-            kind = _kind(predicted, &n)
-            if kind == OTHER:  # cannot happen: _normalize returns what _kind accepts
-                raise _errors.selection_type(predicted)
-        _expect(self, n)
-        if self._pred != NULL:
-            dest = _spare(&self._pred[index], n)
-        elif n <= STACK_IDS:
-            dest = local
-        else:
-            return _record_slowly(self, index, predicted, kind, n, True)
-        if _convert_fast(self, predicted, kind, n, dest, NULL) < n:
-            return _record_slowly(self, index, predicted, kind, n, True)
-        _commit_prediction(self, index, dest, n, False)
+        _record_pass(self, layer, predicted, True)
 
     def record_many(self, layer, selected):
         cdef Py_ssize_t index, rows, width, total
@@ -559,7 +481,7 @@ cdef class RecorderCore:
         if tables == NULL:
             raise MemoryError()
         try:
-            if _convert_count_array(arr, total, ids, self._num_experts, tables):
+            if _on_array(arr, CONVERT_COUNT, total, 0, ids, tables, self._num_experts) >= 0:
                 _convert.array_ids(arr, self._num_experts)  # raises, naming the id
             _recheck_k(self, width)
             _merge_counts(self._counts + index * self._num_experts, tables, self._num_experts)
@@ -683,6 +605,42 @@ cdef enum:
     TUPLE = 2
     ARRAY = 3
 
+cdef inline int _record_pass(RecorderCore self, object layer, object selected, bint prediction) except -1:
+    """One pass's selection (or, with ``prediction``, the pilot's prediction) for ``layer``."""
+    cdef uint32_t local[STACK_IDS]
+    cdef uint32_t* dest
+    cdef IdBuf* rows = self._pred if prediction else self._trace
+    cdef Py_ssize_t index, n = 0
+    cdef int kind
+    if self._closed:
+        raise _errors.closed()
+    index = _layer_index(self, layer)
+    kind = _kind(selected, &n)
+    if kind == OTHER:
+        selected = _normalize(selected)
+        kind = _kind(selected, &n)
+        if kind == OTHER:  # cannot happen: _normalize returns what _kind accepts
+            raise _errors.selection_type(selected)
+    _expect(self, n)
+    # Ids are converted straight into the trace's (or predictions') spare
+    # capacity, or a stack buffer: they join it only when its length moves,
+    # after the whole call has been validated.
+    if rows != NULL:
+        dest = _spare(&rows[index], n)
+    elif n <= STACK_IDS:
+        dest = local
+    else:
+        return _record_slowly(self, index, selected, kind, n, prediction)
+    # The fast conversion counts selections as it goes (and takes its counts
+    # back if it stops early): no Python code runs in it, so nobody sees them.
+    if _convert_fast(self, selected, kind, n, dest,
+                     NULL if prediction else self._counts + index * self._num_experts) < n:
+        return _record_slowly(self, index, selected, kind, n, prediction)
+    if prediction:
+        return _commit_prediction(self, index, dest, n, False)
+    return _commit_selection(self, index, dest, n, False)
+
+
 cdef inline Py_ssize_t _layer_index(RecorderCore self, object layer) except -1:
     cdef Py_ssize_t index = ts_small_index(<PyObject*>layer, self._num_layers)
     if index >= 0:
@@ -759,11 +717,8 @@ cdef inline Py_ssize_t _convert_fast(RecorderCore self, object selected, int kin
     """
     cdef Py_ssize_t bad
     if kind == ARRAY:
-        if row != NULL:
-            bad = _record_array(<cnp.ndarray>selected, n, dest, row, self._num_experts)
-        else:
-            bad = _convert_array(<cnp.ndarray>selected, n, cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0),
-                                 dest, self._num_experts)
+        bad = _on_array(<cnp.ndarray>selected, CONVERT if row == NULL else RECORD, n,
+                        cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0), dest, row, self._num_experts)
         if bad >= 0:
             _convert.array_ids(selected, self._num_experts)  # raises, naming the id
         return n
