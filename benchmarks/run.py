@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench_record_vs_noop(repeats, number)
     rows.append(bench_record_vs_python(repeats, number))
     rows.append(bench_decode_pass(repeats, number // 40))
-    rows.append(bench_record_many(repeats))
+    rows.append(bench_record_many(max(repeats, 30)))
     rows.append(bench_to_json(max(3, repeats // 3)))
     rows.append(bench_trace_memory())
     widths = [max(len(getattr(row, field)) for row in rows) for field in ("figure", "subject", "comparison")]

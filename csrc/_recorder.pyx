@@ -56,11 +56,11 @@ ctypedef struct IdBuf:
     size_t cap
     size_t faulted  # ids of capacity known to be resident (see _prefault)
 
-# How far ahead of the writer a trace's memory is faulted in: a quarter of
-# what it holds, between 4 KiB and 64 KiB, so the memory faulted but not yet
-# written stays small next to the trace itself.
-cdef size_t PREFAULT_MIN_IDS = 1024
-cdef size_t PREFAULT_MAX_IDS = 16384
+# How far ahead of the writer a trace's memory is faulted in: 64 KiB, so one
+# system call replaces sixteen page faults. Small traces are left to fault
+# page by page (sixteen faults at most), so a short capture of many layers
+# holds no memory it never writes.
+cdef size_t PREFAULT_IDS = 16384
 cdef bint _prefault_works = True
 
 
@@ -76,17 +76,12 @@ cdef inline void _prefault_spare(IdBuf* buf, size_t n) noexcept nogil:
 
 
 cdef inline void _prefault(IdBuf* buf) noexcept nogil:
-    """Fault in the next window of capacity once the writer passes the last one."""
+    """Once a trace outgrows the first window, keep one window faulted in ahead of its writer."""
     global _prefault_works
-    cdef size_t end, window
-    if buf.len < buf.faulted or not _prefault_works:
+    cdef size_t end
+    if buf.len < buf.faulted or buf.len < PREFAULT_IDS or not _prefault_works:
         return
-    window = buf.len // 4
-    if window < PREFAULT_MIN_IDS:
-        window = PREFAULT_MIN_IDS
-    elif window > PREFAULT_MAX_IDS:
-        window = PREFAULT_MAX_IDS
-    end = buf.len + window
+    end = buf.len + PREFAULT_IDS
     if end > buf.cap:
         end = buf.cap
     if ts_prefault(buf.data, buf.faulted * sizeof(uint32_t), end * sizeof(uint32_t)) != 0:
