@@ -499,7 +499,16 @@ cdef class RecorderCore:
             raise _errors.logits_length(got, self._num_experts)
         if index != self._logits_layer or self._passes[index] != self._logits_pass or self._logits is not None:
             return
-        self._logits = _convert.logit_row(logits, self._num_experts)
+        row = _convert.logit_row(logits, self._num_experts)
+        # Converting ran Python code: another thread may have closed the
+        # recorder, or recorded a pass or this very row, meanwhile.
+        if self._closed:
+            raise _errors.closed()
+        if self._passes[index] == self._logits_pass and self._logits is None:
+            self._logits = row
+
+    def _after_fork_in_child(self):
+        """Nothing to reset: this core holds no lock (the GIL makes each call atomic)."""
 
     def _mark_closed(self):
         """Close for recording; True only for the call that did it."""
@@ -689,8 +698,11 @@ cdef inline int _expect(RecorderCore self, Py_ssize_t n) except -1:
 
 cdef inline int _recheck_k(RecorderCore self, Py_ssize_t n) except -1:
     # The slow conversion may run Python code (an id's __index__) that lets
-    # another thread learn top_k first; the commit must still agree with it.
+    # another thread close the recorder, or learn top_k first; the commit
+    # must still find it open, and agree with it.
     cdef Py_ssize_t expected = self._top_k or self._pred_k
+    if self._closed:
+        raise _errors.closed()
     if expected and n != expected:
         raise _errors.length(n, expected)
     return 0

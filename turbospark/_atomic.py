@@ -11,6 +11,24 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+import threading
+
+# Temporary files of writes in progress, so a SIGTERM handler that ends the
+# process in the middle of one can remove it first.
+_temporaries: set[str] = set()
+_temporaries_lock = threading.RLock()  # re-entrant: the SIGTERM handler may run inside it
+
+
+def remove_temporaries() -> None:
+    """Delete the temporary files of every write still in progress."""
+    with _temporaries_lock:
+        leftovers = list(_temporaries)
+        _temporaries.clear()
+    for temporary in leftovers:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
 
 
 def _umask() -> int:
@@ -56,6 +74,8 @@ def write_atomic(path: str, data: bytes) -> None:
     # Short enough for any file system's name limit, whatever the capture's name.
     prefix = "." + os.path.basename(target)[:64] + "."
     fd, temporary = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    with _temporaries_lock:
+        _temporaries.add(temporary)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -69,6 +89,9 @@ def write_atomic(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+    finally:
+        with _temporaries_lock:
+            _temporaries.discard(temporary)
 
 
 def describe_os_error(error: BaseException) -> str:

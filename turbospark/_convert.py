@@ -81,11 +81,28 @@ def as_array(selected: Any, wanted: str) -> np.ndarray:
         exact[...] = selected
         if all(isinstance(v, (int, np.integer)) and not isinstance(v, _BOOLS) for v in exact.ravel().tolist()):
             arr = exact
+    if arr.dtype.kind in "iu" and not isinstance(selected, np.ndarray) and _holds_bool(selected):
+        # numpy reads True as 1; record() refuses a bool id, and so must a block.
+        arr = np.array(selected, dtype=object)
     if arr.dtype.kind not in "iuO":
         raise _errors.dtype(str(arr.dtype))
     if arr.ndim != (1 if wanted == ONE_D else 2):
         raise _errors.ndim(arr.shape, wanted)
     return arr
+
+
+def _holds_bool(selected: Any) -> bool:
+    """Whether a list or tuple (of lists or tuples) holds a Python or numpy bool."""
+    if not isinstance(selected, (list, tuple)):
+        return False
+    for item in selected:
+        if isinstance(item, _BOOLS):
+            return True
+        if isinstance(item, (list, tuple)) and any(isinstance(value, _BOOLS) for value in item):
+            return True
+        if isinstance(item, np.ndarray) and item.dtype == np.bool_:
+            return True
+    return False
 
 
 def check_length(got: int, expected: int) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Mapping, Optional
+
+from ._warn import warn_caller
 
 HIST = "TURBOSPARK_ROUTER_HIST"
 TRACE = "TURBOSPARK_ROUTER_TRACE"
@@ -45,8 +46,7 @@ def parse_usize(text: str) -> Optional[int]:
 
 
 def _warn(message: str) -> None:
-    # _warn <- _router_logits <- config_from_env <- from_env <- the caller.
-    warnings.warn(message, RuntimeWarning, stacklevel=5)
+    warn_caller(message)
 
 
 def _router_logits(environ: Mapping[str, str], num_layers: int) -> Optional[tuple[int, int]]:

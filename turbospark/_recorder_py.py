@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -38,8 +38,36 @@ def _selection(selected: Any, expected: int, num_experts: int) -> array:
     return array("I", _convert.sequence_ids(items, num_experts))
 
 
+class _Layer(NamedTuple):
+    """One layer's committed state; replaced whole, never changed in place."""
+
+    counts: tuple[int, ...]
+    trace_len: int
+    pred_len: int
+    passes: int
+
+
+class _State(NamedTuple):
+    """Everything a call commits, swapped in by one assignment (see RecorderCore)."""
+
+    top_k: int
+    # Length of the first prediction made while top_k was still unknown,
+    # so that every later selection and prediction agrees with it.
+    pred_k: int
+    layers: tuple[_Layer, ...]
+
+
 class RecorderCore:
-    """Counts, trace and predictions of one capture; see ``RouterHistogram``."""
+    """Counts, trace and predictions of one capture; see ``RouterHistogram``.
+
+    A call validates and prepares everything first, then commits with a single
+    assignment of ``self._state``. Ids go to the append-only trace and
+    prediction arrays beyond their committed lengths before that, so a signal
+    handler or KeyboardInterrupt arriving anywhere in a call sees either the
+    whole pass or none of it, as the compiled core guarantees by running no
+    Python code while it commits. The lock is re-entrant so that a signal
+    handler running in a thread that is mid-call can still write the capture.
+    """
 
     def __init__(
         self,
@@ -51,16 +79,12 @@ class RecorderCore:
         logits_layer: int,
         logits_pass: int,
     ) -> None:
-        if hasattr(self, "_counts"):
+        if hasattr(self, "_state"):
             raise RuntimeError("a recorder core is initialised once")
         self._num_layers = num_layers
         self._num_experts = num_experts
-        self._top_k = top_k
-        # Length of the first prediction made while top_k was still unknown,
-        # so that every later selection and prediction agrees with it.
-        self._pred_k = 0
-        self._counts = [[0] * num_experts for _ in range(num_layers)]
-        self._passes = [0] * num_layers
+        layers = (_Layer((0,) * num_experts, 0, 0, 0),) * num_layers if num_layers else ()
+        self._state = _State(top_k, 0, layers)
         self._trace = [array("I") for _ in range(num_layers)] if trace else None
         self._pred = [array("I") for _ in range(num_layers)] if pilot is not None else None
         self._self_test = pilot == "self"
@@ -68,9 +92,11 @@ class RecorderCore:
         self._logits_pass = logits_pass
         self._logits: Optional[array] = None
         self._closed = False
-        # The compiled core is atomic per call under the GIL; this lock gives
-        # the Python core the same guarantee.
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+
+    def _after_fork_in_child(self) -> None:
+        # A lock another thread held at fork() time stays held in the child.
+        self._lock = threading.RLock()
 
     @property
     def num_layers(self) -> int:
@@ -82,7 +108,7 @@ class RecorderCore:
 
     @property
     def top_k(self) -> int:
-        return self._top_k
+        return self._state.top_k
 
     @property
     def closed(self) -> bool:
@@ -98,72 +124,72 @@ class RecorderCore:
     def pilot_enabled(self) -> bool:
         return self._pred is not None
 
-    def _expected_k(self) -> int:
-        return self._top_k or self._pred_k
+    def _begin(self, layer: Any) -> tuple[int, _State]:
+        if self._closed:
+            raise _errors.closed()
+        return _convert.check_layer(layer, self._num_layers), self._state
+
+    def _commit(self, state: _State, index: int, layer: _Layer, top_k: int, pred_k: int) -> None:
+        layers = state.layers
+        self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :])
+
+    def _add_selection(self, state: _State, index: int, ids: array, rows: int, counts: tuple[int, ...]) -> None:
+        """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``) and commit."""
+        layer = state.layers[index]
+        trace_len = layer.trace_len
+        if self._trace is not None:
+            _append(self._trace[index], trace_len, ids)
+            trace_len += len(ids)
+        top_k = state.top_k or len(ids) // rows
+        self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows), top_k, state.pred_k)
 
     def record(self, layer: Any, selected: Any) -> None:
         with self._lock:
-            if self._closed:
-                raise _errors.closed()
-            index = _convert.check_layer(layer, self._num_layers)
-            ids = _selection(selected, self._expected_k(), self._num_experts)
-            row = self._counts[index]
+            index, state = self._begin(layer)
+            ids = _selection(selected, state.top_k or state.pred_k, self._num_experts)
+            counts = list(state.layers[index].counts)
             for expert in ids:
-                row[expert] += 1
-            if self._top_k == 0:
-                self._top_k = len(ids)
-            if self._trace is not None:
-                self._trace[index].extend(ids)
-            self._passes[index] += 1
+                counts[expert] += 1
+            self._add_selection(state, index, ids, 1, tuple(counts))
 
     def record_many(self, layer: Any, selected: Any) -> None:
         with self._lock:
-            if self._closed:
-                raise _errors.closed()
-            index = _convert.check_layer(layer, self._num_layers)
+            index, state = self._begin(layer)
             if not (
                 isinstance(selected, (np.ndarray, list, tuple)) or _convert.is_array_like(selected)
             ):
                 raise _errors.selection_type(selected)
             arr = _convert.as_array(selected, _convert.TWO_D)
             rows, width = arr.shape
-            _convert.check_length(width, self._expected_k())
+            _convert.check_length(width, state.top_k or state.pred_k)
             ids = _convert.array_ids(arr, self._num_experts)
             if rows == 0:
                 return
-            row = self._counts[index]
-            for expert, times in enumerate(np.bincount(ids.ravel(), minlength=self._num_experts).tolist()):
-                row[expert] += times
-            if self._top_k == 0:
-                self._top_k = width
-            if self._trace is not None:
-                self._trace[index].frombytes(ids.tobytes())
-            self._passes[index] += rows
+            added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
+            counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
+            self._add_selection(state, index, array("I", ids.tobytes()), rows, counts)
 
     def record_prediction(self, layer: Any, predicted: Any) -> None:
         with self._lock:
-            if self._closed:
-                raise _errors.closed()
-            index = _convert.check_layer(layer, self._num_layers)
-            expected = self._expected_k()
+            index, state = self._begin(layer)
+            expected = state.top_k or state.pred_k
             ids = _selection(predicted, expected, self._num_experts)
             if self._pred is None:
                 return
-            if expected == 0:
-                self._pred_k = len(ids)
-            self._pred[index].extend(ids)
+            current = state.layers[index]
+            _append(self._pred[index], current.pred_len, ids)
+            pred_k = len(ids) if expected == 0 else state.pred_k
+            self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
 
     def record_router_logits(self, layer: Any, logits: Any) -> None:
         with self._lock:
-            if self._closed:
-                raise _errors.closed()
-            index = _convert.check_layer(layer, self._num_layers)
+            index, state = self._begin(layer)
             got = _convert.logits_length(logits)
             if got != self._num_experts:
                 raise _errors.logits_length(got, self._num_experts)
             if (
                 index != self._logits_layer
-                or self._passes[index] != self._logits_pass
+                or state.layers[index].passes != self._logits_pass
                 or self._logits is not None
             ):
                 return
@@ -177,22 +203,25 @@ class RecorderCore:
             return was_open
 
     def counts_array(self) -> np.ndarray:
-        return np.array(self._counts, dtype=np.uint64).reshape(self._num_layers, self._num_experts)
+        rows = [layer.counts for layer in self._state.layers]
+        return np.array(rows, dtype=np.uint64).reshape(self._num_layers, self._num_experts)
 
     def passes_array(self) -> np.ndarray:
-        return np.array(self._passes, dtype=np.uint64)
+        return np.array([layer.passes for layer in self._state.layers], dtype=np.uint64)
 
     def trace_array(self, layer: Any) -> Optional[np.ndarray]:
         index = _convert.check_layer(layer, self._num_layers)
+        state = self._state
         if self._trace is None:
             return None
-        return _rows(self._trace[index], self._top_k)
+        return _rows(self._trace[index][: state.layers[index].trace_len], state.top_k)
 
     def predictions_array(self, layer: Any) -> Optional[np.ndarray]:
         index = _convert.check_layer(layer, self._num_layers)
+        state = self._state
         if self._pred is None:
             return None
-        return _rows(self._pred[index], self._expected_k())
+        return _rows(self._pred[index][: state.layers[index].pred_len], state.top_k or state.pred_k)
 
     def logits_capture(self) -> Optional[tuple[int, int, Optional[array]]]:
         if self._logits_layer < 0:
@@ -201,17 +230,25 @@ class RecorderCore:
 
     def json_document(self, tail: bytes) -> bytes:
         """The JSON document up to ``router_logits``, followed by ``tail``."""
-        with self._lock:
-            num_experts = self._num_experts if self._num_layers else 0
-            parts = [
-                f'{{"num_layers":{self._num_layers},"num_experts":{num_experts},'
-                f'"top_k":{self._top_k},"counts":[{_json_rows(self._counts)}]'
-            ]
-            if self._trace is not None:
-                parts.append(f',"trace":[{_json_rows(self._trace)}]')
-            if self._pred is not None:
-                parts.append(f',"pred":[{_json_rows(self._pred)}]')
+        state = self._state  # one consistent snapshot, whatever runs meanwhile
+        num_experts = self._num_experts if self._num_layers else 0
+        parts = [
+            f'{{"num_layers":{self._num_layers},"num_experts":{num_experts},'
+            f'"top_k":{state.top_k},"counts":[{_json_rows(layer.counts for layer in state.layers)}]'
+        ]
+        if self._trace is not None:
+            rows = (flat[: layer.trace_len] for flat, layer in zip(self._trace, state.layers))
+            parts.append(f',"trace":[{_json_rows(rows)}]')
+        if self._pred is not None:
+            rows = (flat[: layer.pred_len] for flat, layer in zip(self._pred, state.layers))
+            parts.append(f',"pred":[{_json_rows(rows)}]')
         return "".join(parts).encode("ascii") + tail
+
+
+def _append(flat: array, committed: int, ids: array) -> None:
+    """Put ``ids`` after the ``committed`` ids of ``flat``, dropping an uncommitted tail first."""
+    del flat[committed:]
+    flat.extend(ids)
 
 
 def _json_rows(rows: Any) -> str:

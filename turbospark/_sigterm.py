@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import warnings
 from typing import Any, Callable, Optional
+
+from ._atomic import remove_temporaries
+from ._warn import warn_caller
 
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
 _ON = {"1", "true", "yes", "on"}
@@ -30,26 +32,25 @@ def requested(environ: Optional[dict[str, str]] = None) -> bool:
         return False
     if value.strip().lower() in _ON:
         return True
-    warnings.warn(
-        f"ignoring {VARIABLE}={value!r}: expected 1 or 0; SIGTERM is left alone",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+    warn_caller(f"ignoring {VARIABLE}={value!r}: expected 1 or 0; SIGTERM is left alone")
     return False
 
 
-def install(close_all: Callable[[], None]) -> None:
-    """Install the handler once per process (main thread only); later calls do nothing."""
+def install(close_all: Callable[[], None], write_all: Callable[[], None]) -> None:
+    """Install the handler once per process (main thread only); later calls do nothing.
+
+    ``close_all`` writes and closes every open capture (before the process
+    dies); ``write_all`` writes them and leaves them open (before chaining to
+    a handler that may let the process go on recording).
+    """
     global _installed, _previous
     with _lock:
         if _installed:
             return
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn(
+            warn_caller(
                 f"{VARIABLE} is set but the first recorder was created outside the main thread, "
-                "where Python cannot install signal handlers; SIGTERM is left alone",
-                RuntimeWarning,
-                stacklevel=4,
+                "where Python cannot install signal handlers; SIGTERM is left alone"
             )
             return
         previous = signal.getsignal(signal.SIGTERM)
@@ -59,10 +60,13 @@ def install(close_all: Callable[[], None]) -> None:
             return
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            close_all()
             if callable(previous):
+                write_all()
                 previous(signum, frame)
                 return
+            close_all()
+            # Dying now skips the cleanup of a write this signal interrupted.
+            remove_temporaries()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 

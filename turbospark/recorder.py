@@ -32,6 +32,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 # and the closed ones whose write was interrupted, so that exit retries them.
 _live: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Recorders whose write is in progress: a SIGTERM handler that ends the
+# process from inside one of those writes must redo it first.
+_writing: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # Re-entrant: a garbage collection inside the lock may run __del__ -> close().
 _live_lock = threading.RLock()
 
@@ -99,13 +102,16 @@ class _Facade:
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
+        # Read (and warn about) the setting before this recorder exists, so a
+        # warning turned into an error leaves nothing behind to write.
+        handle_sigterm = _sigterm.requested()
         super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)  # type: ignore[call-arg]
         self._path = text
         self._owner_pid = os.getpid()
         with _live_lock:
             _live.add(self)
-        if _sigterm.requested():
-            _sigterm.install(_close_all)
+        if handle_sigterm:
+            _sigterm.install(_close_all, _write_all)
 
     @classmethod
     def from_env(cls, num_layers: int, num_experts: int, top_k: int = 0) -> Optional["RouterHistogram"]:
@@ -189,6 +195,8 @@ class _Facade:
         self._write_and_report()
 
     def _write_and_report(self) -> None:
+        with _live_lock:
+            _writing.add(self)
         try:
             self.write()
         except Exception as exc:  # noqa: BLE001 -- close() must never raise
@@ -201,6 +209,9 @@ class _Facade:
             raise
         else:
             _report(f"[router-hist] wrote {self._path}")
+        finally:
+            with _live_lock:
+                _writing.discard(self)
 
     def __enter__(self) -> "_Facade":
         return self
@@ -257,13 +268,34 @@ def _close_all() -> None:
     """Write every recorder still open at interpreter exit, as the reference writes on drop."""
     with _live_lock:
         recorders = list(_live)
-        retries = list(_interrupted)
+        retries = list(_interrupted) + [recorder for recorder in _writing if recorder not in _interrupted]
         _interrupted.clear()
     for recorder in retries:
         if os.getpid() == recorder._owner_pid:
             recorder._write_and_report()
     for recorder in recorders:
         recorder.close()
+
+
+def _write_all() -> None:
+    """Write every open capture of this process, leaving the recorders open."""
+    with _live_lock:
+        recorders = list(_live)
+    for recorder in recorders:
+        if os.getpid() == recorder._owner_pid:
+            recorder._write_and_report()
+
+
+def _after_fork_in_child() -> None:
+    """Locks another thread held at fork() time stay held in the child: make new ones."""
+    global _live_lock
+    _live_lock = threading.RLock()
+    for recorder in list(_live):
+        recorder._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["BACKEND", "RouterHistogram", "recorder_class"]
