@@ -635,6 +635,10 @@ cdef inline int _record_pass(RecorderCore self, object layer, object selected, b
         dest = local
     else:
         return _record_slowly(self, index, selected, kind, n, prediction)
+    # Python code may have run since the entry check (a layer's __index__,
+    # _normalize): another thread may have closed the recorder meanwhile.
+    if self._closed:
+        raise _errors.closed()
     # The fast conversion counts selections as it goes (and takes its counts
     # back if it stops early): no Python code runs in it, so nobody sees them.
     if _convert_fast(self, selected, kind, n, dest,

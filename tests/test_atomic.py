@@ -21,18 +21,14 @@ import gc
 import os
 import pathlib
 import stat
-import subprocess
-import sys
 import tempfile
-import textwrap
 from typing import Any, Callable
 
 import pytest
 
-import turbospark
+from childproc import run_script
 from turbospark import RouterHistogram
 
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(turbospark.__file__)))
 
 DOC = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,1,1]],"trace":[[2,0],[1,2]]}'
 EARLIER = b'{"num_layers":1,"earlier":"capture, which must survive byte for byte"}'
@@ -279,28 +275,6 @@ def test_every_write_is_a_complete_synced_temporary_file_renamed_into_place(
 # --- at interpreter exit, in a child interpreter -----------------------------------------
 
 
-def run_script(tmp_path: pathlib.Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` as a script in a fresh interpreter using this turbospark and this backend."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSPARK_")}
-    if os.environ.get("TURBOSPARK_PUREPYTHON"):
-        env["TURBOSPARK_PUREPYTHON"] = os.environ["TURBOSPARK_PUREPYTHON"]
-    env["PYTHONPATH"] = PACKAGE_ROOT
-    preamble = (
-        "import errno, os, sys, tempfile\n"
-        "import turbospark\n"
-        f"assert turbospark.BACKEND == {turbospark.BACKEND!r}, turbospark.BACKEND\n"
-        "from turbospark import RouterHistogram as R\n"
-    )
-    script = tmp_path / "script.py"
-    script.write_text(preamble + textwrap.dedent(code))
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=str(tmp_path),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 # Each sets up a failure that the exit-time write then meets for real.

@@ -579,7 +579,7 @@ class Shrinking:
 
 
 def test_a_selection_that_shrinks_while_read_records_nothing(make: Callable[..., Any]) -> None:
-    # BUG (pure-Python core, turbospark/_recorder_py.py _selection): the length
+    # A bug this test caught, now fixed: the length
     # is checked on the list, then the ids are read from the same live list;
     # when an id's __index__ shrinks it, the Python core records a 2-id pass
     # against top_k 3 (the trace is then no longer a whole number of passes).

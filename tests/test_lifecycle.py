@@ -451,7 +451,7 @@ def test_a_fifo_is_written_in_place(make: Callable[..., Any], tmp_path: pathlib.
 
 
 def test_a_symlink_is_written_through(make: Callable[..., Any], tmp_path: pathlib.Path) -> None:
-    # BUG (turbospark/_atomic.py, write_atomic): os.replace() swaps the link
+    # A bug this test caught, now fixed: os.replace() swaps the link
     # itself for a regular file, so the file it points at keeps the old
     # capture. The reference's fs::write (like open(path, "w")) writes through
     # the link; e.g. TURBOSPARK_ROUTER_HIST=latest.json -> runs/42/hist.json.
@@ -467,7 +467,7 @@ def test_a_symlink_is_written_through(make: Callable[..., Any], tmp_path: pathli
 
 
 def test_a_long_file_name_that_the_filesystem_takes_is_written(make: Callable[..., Any], tmp_path: pathlib.Path) -> None:
-    # BUG (turbospark/_atomic.py, write_atomic): the temporary name is
+    # A bug this test caught, now fixed: the temporary name is
     # "." + basename + "." + 8 random chars + ".tmp", 14 bytes longer than the
     # destination, so a destination name of 242..255 bytes (legal: NAME_MAX is
     # 255) fails with "File name too long (os error 36)" where the reference

@@ -18,19 +18,16 @@ import json
 import os
 import pathlib
 import signal
-import subprocess
 import sys
-import textwrap
 import warnings
 from typing import Any, Callable
 
 import numpy as np
 import pytest
 
-import turbospark
+from childproc import run_script
 from turbospark import RouterHistogram
 
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(turbospark.__file__)))
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
@@ -38,31 +35,6 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX si
 DOC = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,1,1]],"trace":[[2,0],[1,2]]}'
 
 
-def run_script(
-    tmp_path: pathlib.Path, code: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` as a script in a fresh interpreter using this turbospark and this backend."""
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSPARK_")}
-    if os.environ.get("TURBOSPARK_PUREPYTHON"):
-        child_env["TURBOSPARK_PUREPYTHON"] = os.environ["TURBOSPARK_PUREPYTHON"]
-    child_env["PYTHONPATH"] = PACKAGE_ROOT
-    child_env.update(env or {})
-    preamble = (
-        "import os, signal, sys, time\n"
-        "import turbospark\n"
-        f"assert turbospark.BACKEND == {turbospark.BACKEND!r}, turbospark.BACKEND\n"
-        "from turbospark import RouterHistogram as R\n"
-    )
-    script = tmp_path / "script.py"
-    script.write_text(preamble + textwrap.dedent(code))
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=str(tmp_path),
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def leftovers(directory: pathlib.Path) -> list[str]:
@@ -139,14 +111,10 @@ def test_a_previous_handler_runs_after_the_write_and_decides(tmp_path: pathlib.P
 
 
 def test_a_previous_handler_that_keeps_running_keeps_recording(tmp_path: pathlib.Path) -> None:
-    # BUG (reported to the lead): turbospark/_sigterm.py, on_sigterm, calls
-    # close_all() (closing every recorder) before chaining to a Python handler
-    # that may not end the process: the common "finish the current step, then
-    # stop" handler. The runtime's next record() then raises "the recorder is
-    # closed" and the recorder takes the runtime down. Expected: the capture
-    # is written, the recorders stay open, and exit writes the complete one.
-    # Fix: when chaining to a callable previous handler, write the open
-    # captures without closing them (close only when re-raising SIGTERM).
+    # The common "finish the current step, then stop" handler: the capture is
+    # written at SIGTERM, the recorders stay open, and exit writes the whole
+    # run. (Regression: the recorders used to be closed before chaining, so
+    # the runtime's next record() raised "the recorder is closed".)
     path = tmp_path / "c.json"
     result = run_script(
         tmp_path,
@@ -199,12 +167,10 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path: pathlib.Path) -> None:
 
 
 def test_sigterm_inside_a_call_writes_the_passes_before_it(tmp_path: pathlib.Path) -> None:
-    # BUG (reported to the lead, pure-Python core only): turbospark/_recorder_py.py
-    # holds a non-reentrant threading.Lock for the whole of every call; a
-    # SIGTERM handled while the main thread is inside one (here: while an id
-    # is being converted; in a real decode loop: any time) runs close_all ->
-    # close -> _mark_closed, which waits for that same lock forever. The
-    # process then hangs, and even repeated SIGTERMs cannot end it.
+    # Regression (pure-Python core): its lock was not re-entrant, so a SIGTERM
+    # handled while the main thread was inside a call (here: while an id is
+    # read; in a decode loop: any time) waited for that lock forever, and the
+    # process hung, deaf to further SIGTERMs.
     path = tmp_path / "c.json"
     result = run_script(
         tmp_path,
@@ -261,14 +227,10 @@ if when != "exit":  # "exit": the write at interpreter exit
 
 @pytest.mark.parametrize("when", ["write", "close", "exit"])
 def test_sigterm_during_a_write_still_leaves_the_whole_capture(tmp_path: pathlib.Path, when: str) -> None:
-    # BUG (reported to the lead): turbospark/_sigterm.py + recorder.py. The
-    # handler runs in the middle of write_atomic and ends the process with
-    # os.kill before write_atomic's cleanup runs, so its temporary file is left
-    # behind ("write"); and a recorder already marked closed (its close() is
-    # the write in progress: "close", "exit") is skipped by close_all, so that
-    # capture is never written at all. Fix: track writes in progress; on
-    # SIGTERM let them finish (or redo them) and remove their temporaries
-    # before re-raising the signal.
+    # Regression: the handler ended the process from inside write_atomic, so
+    # its temporary file stayed behind ("write"), and a recorder whose close()
+    # was that write ("close", "exit") was skipped as already closed, so its
+    # capture was never written at all.
     path = tmp_path / "c.json"
     result = run_script(tmp_path, WRITE_SCRIPT, str(path), when, env={VARIABLE: "1"})
     assert result.returncode == -signal.SIGTERM
@@ -404,12 +366,9 @@ def test_an_unrecognised_setting_warns_once_in_process(
 def test_a_constructor_stopped_by_its_warning_writes_nothing(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # BUG (reported to the lead): turbospark/recorder.py, _Facade.__init__,
-    # reads the SIGTERM setting (which may warn) only after registering the
-    # recorder and setting _owner_pid. Under -W error (this suite's own
-    # setting) the warning aborts the constructor, yet the half-made recorder
-    # writes a capture nobody can reach when it is collected. Fix: call
-    # _sigterm.requested() before super().__init__ / _live.add.
+    # Under -W error (this suite's own setting) the warning aborts the
+    # constructor; the half-made recorder must not write a capture when it is
+    # collected. (Regression: the setting used to be read after registering.)
     import gc
 
     monkeypatch.setenv(VARIABLE, "maybe")
@@ -536,14 +495,10 @@ CALLS: dict[str, Callable[[Any], Any]] = {
 
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_a_keyboard_interrupt_anywhere_in_a_call_records_all_or_nothing(name: str) -> None:
-    # BUG (reported to the lead, pure-Python core only): turbospark/_recorder_py.py
-    # commits a pass in several statements (the count loop, trace.extend,
-    # passes += 1), and a KeyboardInterrupt can land between them: the
-    # capture then has counts without their trace row, or a trace row without
-    # its pass (counts no longer sum to top_k * passes). The compiled core runs
-    # no Python code between validating and committing. Fix: commit with one
-    # assignment (e.g. extend the trace past a committed length first, then
-    # store counts row, trace length and pass count together).
+    # Regression (pure-Python core): a pass used to be committed in several
+    # statements (the count loop, trace.extend, passes += 1), and an interrupt
+    # between them left counts without their trace row, or a row without its
+    # pass. The compiled core runs no Python code while it commits.
     def fresh() -> Any:
         hist = RouterHistogram(os.devnull, 2, 4, trace=True, pilot="next", router_logits=(1, 0))
         hist.record(0, [1, 2])
@@ -565,3 +520,85 @@ def test_a_keyboard_interrupt_anywhere_in_a_call_records_all_or_nothing(name: st
         # Still usable: the next pass is recorded whole.
         hist.record(1, [0, 0])
         hist._mark_closed()
+
+
+def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[..., Any]) -> None:
+    # A handler (or any code an id's __index__ runs) that records into the
+    # recorder the interrupted call is recording into: both passes are kept,
+    # the handler's first, on both backends.
+    # A bug this test caught, now fixed: turbospark/_recorder_py.py
+    # takes its snapshot of the state in _begin and commits on top of it, after
+    # running the id's __index__; a pass committed meanwhile by the same thread
+    # (the lock is re-entrant) is overwritten: its counts, pass and trace ids
+    # are lost without an error. The compiled core keeps both. Fixed by: build the
+    # commit on self._state as it is at commit time (re-read it after the
+    # conversion, and append after its committed trace length).
+    hist = make(1, 4, trace=True, pilot="self")
+    hist.record(0, [0, 1])
+
+    def marker(signum: int, frame: Any) -> None:
+        hist.record(0, [3, 3])
+        hist.record_prediction(0, [3, 3])
+
+    class Interrupting:
+        def __index__(self) -> int:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return 2
+
+    previous = signal.signal(signal.SIGUSR1, marker)
+    try:
+        hist.record(0, [Interrupting(), 1])
+        hist.record_prediction(0, [Interrupting(), 1])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert hist.to_json() == (
+        '{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[1,2,1,4]],'
+        '"trace":[[0,1,3,3,2,1,3,3]],"pred":[[3,3,3,3,2,1]]}'
+    )
+    assert hist.passes.tolist() == [4]
+
+
+def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathlib.Path) -> None:
+    # A bug this test caught, now fixed: turbospark/recorder.py, _close_all. A
+    # KeyboardInterrupt while the exit-time write of one capture is under way
+    # (a second Ctrl-C while a long trace is written) escapes the atexit
+    # handler: Python prints "Exception ignored in atexit callback" with a
+    # traceback, that capture is not retried, and every recorder after it in
+    # the loop is never written. Expected: the others are written; the
+    # interrupted one is retried or reported once; no traceback. Fixed by: in
+    # _close_all, catch BaseException per recorder, keep going, then retry
+    # (or report) the interrupted ones.
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    result = run_script(
+        tmp_path,
+        """
+        first = R(sys.argv[1], 1, 2)
+        second = R(sys.argv[2], 1, 2)
+        first.record(0, [1])
+        second.record(0, [0])
+        real_fsync = os.fsync
+
+
+        def fsync(fd):
+            os.fsync = real_fsync
+            raise KeyboardInterrupt  # Ctrl-C while the first exit-time write is under way
+
+
+        os.fsync = fsync
+        """,
+        str(first),
+        str(second),
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Exception ignored" not in result.stderr
+    assert result.returncode == 0
+    assert leftovers(tmp_path) == []
+    lines = result.stderr.splitlines()
+    written = {p for p in (first, second) if f"[router-hist] wrote {p}" in lines}
+    failed = [line for line in lines if line.startswith("[router-hist] FAILED")]
+    assert len(written) + len(failed) == 2 and len(lines) == 2, lines
+    for path in written:
+        assert path.read_text() == (
+            '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}' if path == first
+            else '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[1,0]]}'
+        )

@@ -201,9 +201,6 @@ class Model:
             self.logits = values.astype(np.float32).tolist()
 
     # -- reading
-    def counts_list(self) -> list[list[int]]:
-        return self.counts
-
     def trace(self, layer: Any) -> Optional[list[list[int]]]:
         index = self._layer(layer)
         if self.trace_rows is None:
@@ -517,7 +514,6 @@ class RecorderMachine(RuleBasedStateMachine):
         super().__init__()
         self.recorders: list[Any] = []
         self.directory: Optional[str] = None
-        self.files: dict[str, Optional[str]] = {}
 
     @initialize(config=configs())
     def start(self, config: dict[str, Any]) -> None:
@@ -723,13 +719,9 @@ def test_cores_and_model_agree_step_by_step(cores: tuple[Any, Any], tmp_path: An
 
 @pytest.mark.parametrize("block", [[[1, True]], [[np.True_, 1]], ((2, False),), [[1, 2], [True, 0]]])
 def test_a_bool_id_in_a_block_of_lists_is_refused_as_in_record(make: Callable[..., Any], block: Any) -> None:
-    # BUG (reported to the lead, both cores): turbospark/_convert.py,
-    # as_array: np.asarray([[1, True]]) is an int64 array, so record_many
-    # counts True as expert 1 where record([1, True]) raises TypeError
-    # ("expert ids must be integers, got bool True at position 1"). The README
-    # says record_many(layer, block) is exactly len(block) record() calls, and
-    # that non-integer ids raise TypeError. Fix: for list/tuple input, reject
-    # bool/np.bool_ elements (check them as record's sequence path does).
+    # Regression: np.asarray([[1, True]]) is an int64 array, so record_many
+    # counted True as expert 1 where record([1, True]) raises TypeError; the
+    # README says a block is exactly len(block) record() calls.
     hist = make(1, 4, trace=True)
     before = hist.to_json()
     with pytest.raises(TypeError, match="bool"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable, Iterator
 
@@ -21,7 +22,7 @@ import pytest
 import turbospark
 
 THREADS = 6
-PASSES = 1500  # per thread
+PASSES = 800  # per thread
 K = 3
 EXPERTS = 64
 
@@ -67,31 +68,33 @@ def run_threads(work: Callable[[int], None], count: int = THREADS) -> None:
 
 
 def record_rows(hist: Any, layer: int, rows: list[list[int]], how: str, t: int) -> None:
-    """Record ``rows`` into ``layer`` in the given style."""
-    if how == "list":
-        for row in rows:
-            hist.record(layer, row)
-    elif how == "numpy":
-        for row in np.array(rows, dtype=np.int32 if t % 2 else np.uint64):
-            hist.record(layer, row)
-    elif how == "numpy-scalars":
-        # Not exact ints: the compiled core's slower path, which runs Python code per id.
-        for row in rows:
-            hist.record(layer, [np.int64(v) for v in row])
-    elif how == "record_many":
+    """Record ``rows`` into ``layer`` in the given style, letting other threads in every few calls."""
+    if how == "record_many":
         block = np.array(rows, dtype=np.int64)
         for start in range(0, len(rows), 7):
             hist.record_many(layer, block[start:start + 7])
-    elif how == "mixed":
-        for i, row in enumerate(rows):
+            time.sleep(0)
+        return
+    typed = np.array(rows, dtype=np.int32 if t % 2 else np.uint64)
+    for i, row in enumerate(rows):
+        if how == "list":
+            hist.record(layer, row)
+        elif how == "numpy":
+            hist.record(layer, typed[i])
+        elif how == "numpy-scalars":
+            # Not exact ints: the compiled core's slower path, which runs Python code per id.
+            hist.record(layer, [np.int64(v) for v in row])
+        elif how == "mixed":
             if i % 3 == 0:
                 hist.record(layer, row)
             elif i % 3 == 1:
                 hist.record(layer, tuple(np.uint16(v) for v in row))
             else:
                 hist.record_many(layer, [row])
-    else:
-        raise AssertionError(how)
+        else:
+            raise AssertionError(how)
+        if i % 4 == 3:
+            time.sleep(0)  # releases the GIL: the threads really take turns
 
 
 def check_capture(hist: Any, recorded: dict[tuple[int, int], list[list[int]]]) -> None:
@@ -238,6 +241,17 @@ def _parked_call(name: str, parked: _Parked) -> tuple[Callable[[Any], Any], Call
             parked.wait()
             return 2
 
+    class SlowLayer:
+        # A layer index that is not an int (a tensor element, say): read through __index__.
+        def __index__(self) -> int:
+            parked.wait()
+            return 0
+
+    def slow_ids() -> Any:
+        yield 2
+        parked.wait()
+        yield 3
+
     class SlowArray:
         # A tensor-like object: numpy reads it through __array__.
         def __init__(self, values: Any) -> None:
@@ -252,8 +266,16 @@ def _parked_call(name: str, parked: _Parked) -> tuple[Callable[[Any], Any], Call
 
     if name == "record":
         return (lambda h: h.record(0, [SlowId(), 3])), (lambda h: h.record(0, [2, 3]))
+    if name == "record-layer-object":
+        return (lambda h: h.record(SlowLayer(), [2, 3])), (lambda h: h.record(0, [2, 3]))
+    if name == "record-iterator":
+        return (lambda h: h.record(0, slow_ids())), (lambda h: h.record(0, [2, 3]))
     if name == "record_prediction":
         return (lambda h: h.record_prediction(0, [SlowId(), 3])), (lambda h: h.record_prediction(0, [2, 3]))
+    if name == "record_prediction-layer-object":
+        return (lambda h: h.record_prediction(SlowLayer(), [2, 3])), (lambda h: h.record_prediction(0, [2, 3]))
+    if name == "record_many-layer-object":
+        return (lambda h: h.record_many(SlowLayer(), [[2, 3]])), (lambda h: h.record_many(0, [[2, 3]]))
     if name == "record_many-objects":
         return (
             lambda h: h.record_many(0, np.array([[1, 1], [SlowId(), 3]], dtype=object)),
@@ -270,19 +292,33 @@ def _parked_call(name: str, parked: _Parked) -> tuple[Callable[[Any], Any], Call
 
 
 @pytest.mark.parametrize(
-    "name", ["record", "record_prediction", "record_many-objects", "record_many-array", "record_router_logits"]
+    "name",
+    [
+        "record",
+        "record-layer-object",
+        "record-iterator",
+        "record_prediction",
+        "record_prediction-layer-object",
+        "record_many-objects",
+        "record_many-array",
+        "record_many-layer-object",
+        "record_router_logits",
+    ],
 )
 def test_a_call_that_returns_is_in_the_capture_close_writes(cls: Any, tmp_path: Any, capfd: Any, name: str) -> None:
-    # BUG (reported to the lead, compiled core only): csrc/_recorder.pyx checks
-    # _closed once, on entry. A call that then runs Python code (an id's
-    # __index__ in _record_slowly, _convert.as_array / array_ids in
-    # record_many, _convert.logit_row in record_router_logits), during which
-    # another thread closes the recorder, commits after the capture was
-    # written: the call returns normally, its data is missing from the file,
-    # and the closed recorder no longer matches its file. The pure-Python core
-    # holds its lock across the call, so close() waits for it. Fix: re-check
-    # _closed where _recheck_k runs (and before storing the logit row) and
-    # raise _errors.closed().
+    # A call that runs Python code after its entry check (an id's or a
+    # layer's __index__, an iterator, numpy reading an __array__ object)
+    # while another thread closes the recorder must either be in the file
+    # close() wrote or raise "closed"; never return normally and be missing.
+    # A bug this test caught, now fixed (compiled core, record() only: the
+    # record-layer-object and record-iterator cases): csrc/_recorder.pyx,
+    # _record_pass, runs Python code in _layer_index_slowly
+    # (_convert.check_layer, for any layer that is not a small exact int,
+    # np.int64 included) and in _normalize (iterators, ranges, list
+    # subclasses, byte-swapped or unaligned arrays), then takes the fast path,
+    # whose _commit_selection(slow=False) does not look at _closed again.
+    # (Predictions and blocks pass: their commit calls _recheck_k.) Fix:
+    # re-check self._closed in _record_pass just before _convert_fast.
     parked = _Parked()
     slow, plain = _parked_call(name, parked)
     options = {"trace": True, "pilot": "self", "router_logits": (0, 1)}

@@ -19,6 +19,16 @@ _temporaries: set[str] = set()
 _temporaries_lock = threading.RLock()  # re-entrant: the SIGTERM handler may run inside it
 
 
+def _forget_in_child() -> None:
+    global _temporaries_lock
+    _temporaries.clear()
+    _temporaries_lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def remove_temporaries() -> None:
     """Delete the temporary files of every write still in progress."""
     with _temporaries_lock:

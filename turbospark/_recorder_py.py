@@ -129,6 +129,17 @@ class RecorderCore:
             raise _errors.closed()
         return _convert.check_layer(layer, self._num_layers), self._state
 
+    def _recheck(self, n: int) -> _State:
+        # Converting ids may have run code (an __index__, a signal handler)
+        # that recorded into this recorder: build on the state as it is now.
+        if self._closed:
+            raise _errors.closed()
+        state = self._state
+        expected = state.top_k or state.pred_k
+        if expected and n != expected:
+            raise _errors.length(n, expected)
+        return state
+
     def _commit(self, state: _State, index: int, layer: _Layer, top_k: int, pred_k: int) -> None:
         layers = state.layers
         self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :])
@@ -147,6 +158,7 @@ class RecorderCore:
         with self._lock:
             index, state = self._begin(layer)
             ids = _selection(selected, state.top_k or state.pred_k, self._num_experts)
+            state = self._recheck(len(ids))
             counts = list(state.layers[index].counts)
             for expert in ids:
                 counts[expert] += 1
@@ -174,6 +186,8 @@ class RecorderCore:
             index, state = self._begin(layer)
             expected = state.top_k or state.pred_k
             ids = _selection(predicted, expected, self._num_experts)
+            state = self._recheck(len(ids))
+            expected = state.top_k or state.pred_k
             if self._pred is None:
                 return
             current = state.layers[index]

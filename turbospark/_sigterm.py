@@ -23,6 +23,7 @@ _OFF = {"", "0", "false", "no", "off"}
 _lock = threading.Lock()
 _installed = False
 _previous: Any = None
+_handler: Any = None
 
 
 def requested(environ: Optional[dict[str, str]] = None) -> bool:
@@ -43,7 +44,7 @@ def install(close_all: Callable[[], None], write_all: Callable[[], None]) -> Non
     dies); ``write_all`` writes them and leaves them open (before chaining to
     a handler that may let the process go on recording).
     """
-    global _installed, _previous
+    global _installed, _previous, _handler
     with _lock:
         if _installed:
             return
@@ -71,5 +72,19 @@ def install(close_all: Callable[[], None], write_all: Callable[[], None]) -> Non
             os.kill(os.getpid(), signal.SIGTERM)
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        _handler = on_sigterm
         _previous = previous
         _installed = True
+
+
+def _restore_in_child() -> None:
+    """A forked child owns no capture: give SIGTERM back the disposition it had."""
+    global _installed, _lock
+    _lock = threading.Lock()
+    if _installed and _handler is not None and signal.getsignal(signal.SIGTERM) is _handler:
+        signal.signal(signal.SIGTERM, _previous if _previous is not None else signal.SIG_DFL)
+    _installed = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restore_in_child)

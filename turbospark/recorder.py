@@ -273,8 +273,17 @@ def _close_all() -> None:
     for recorder in retries:
         if os.getpid() == recorder._owner_pid:
             recorder._write_and_report()
+    interrupted = []
     for recorder in recorders:
-        recorder.close()
+        try:
+            recorder.close()
+        except BaseException:  # noqa: BLE001 -- one interrupted write must not cost the others
+            interrupted.append(recorder)
+    for recorder in interrupted:
+        try:
+            recorder._write_and_report()
+        except BaseException:  # noqa: BLE001
+            _report(f"[router-hist] FAILED writing {recorder._path}: interrupted")
 
 
 def _write_all() -> None:

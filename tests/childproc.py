@@ -1,0 +1,67 @@
+"""Running test scripts in child interpreters (a helper module, not a test).
+
+The child imports the same turbospark as the test process, with the same
+backend, and runs in its own session: a hang kills its whole process group
+(forked workers included) and fails the test, so no stray process outlives it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import Optional
+
+import pytest
+
+import turbospark
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(turbospark.__file__)))
+
+PREAMBLE = (
+    "import errno, gc, os, signal, sys, tempfile, time\n"
+    "import turbospark\n"
+    f"assert turbospark.BACKEND == {turbospark.BACKEND!r}, turbospark.BACKEND\n"
+    "from turbospark import RouterHistogram as R\n"
+)
+
+
+def child_env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """This environment without TURBOSPARK_* settings (but the backend's), importing this turbospark."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSPARK_")}
+    if os.environ.get("TURBOSPARK_PUREPYTHON"):
+        env["TURBOSPARK_PUREPYTHON"] = os.environ["TURBOSPARK_PUREPYTHON"]
+    env["PYTHONPATH"] = PACKAGE_ROOT
+    env.update(extra or {})
+    return env
+
+
+def run_isolated(argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own session; on a hang, kill the whole group and fail the test."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the child interpreter hung for {timeout} s; stderr:\n{err}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # no straggler outlives the test
+        except (ProcessLookupError, PermissionError):
+            pass
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def run_script(
+    tmp_path: pathlib.Path, code: str, *args: str, env: Optional[dict[str, str]] = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (after PREAMBLE) as tmp_path/script.py in a fresh interpreter."""
+    script = tmp_path / "script.py"
+    script.write_text(PREAMBLE + textwrap.dedent(code))
+    return run_isolated([sys.executable, str(script), *args], str(tmp_path), child_env(env), timeout)
