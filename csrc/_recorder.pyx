@@ -219,15 +219,20 @@ cdef int _record_many_sparse(RecorderCore self, Py_ssize_t index, cnp.ndarray ar
         _recheck_k(self, width)
         for i in range(total):
             row[ids[i]] += 1
-        if self._top_k == 0:
-            self._top_k = width
-        if self._trace != NULL:
-            self._trace[index].len += total
-            _prefault(&self._trace[index])
-        self._passes[index] += rows
+        _commit_block(self, index, rows, width)
     finally:
         free(scratch)
     return 0
+
+
+cdef inline void _commit_block(RecorderCore self, Py_ssize_t index, Py_ssize_t rows, Py_ssize_t width) noexcept:
+    """The rest of a ``record_many`` commit once its ids are counted (and sit in the trace's spare room)."""
+    if self._top_k == 0:
+        self._top_k = width
+    if self._trace != NULL:
+        self._trace[index].len += rows * width
+        _prefault(&self._trace[index])
+    self._passes[index] += rows
 
 
 cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_experts) noexcept nogil:
@@ -480,12 +485,7 @@ cdef class RecorderCore:
                 _convert.array_ids(arr, self._num_experts)  # raises, naming the id
             _recheck_k(self, width)
             _merge_counts(self._counts + index * self._num_experts, tables, self._num_experts)
-            if self._top_k == 0:
-                self._top_k = width
-            if self._trace != NULL:
-                self._trace[index].len += total
-                _prefault(&self._trace[index])
-            self._passes[index] += rows
+            _commit_block(self, index, rows, width)
         finally:
             free(tables)
 
