@@ -28,20 +28,10 @@ import pytest
 
 from childproc import run_script
 from turbospark import RouterHistogram
+from capture_helpers import DOC, fill, leftovers
 
 
-DOC = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,1,1]],"trace":[[2,0],[1,2]]}'
 EARLIER = b'{"num_layers":1,"earlier":"capture, which must survive byte for byte"}'
-
-
-def fill(hist: Any) -> Any:
-    hist.record(0, [2, 0])
-    hist.record(1, [1, 2])
-    return hist
-
-
-def leftovers(directory: pathlib.Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
 # --- failure injection ------------------------------------------------------------
@@ -273,8 +263,6 @@ def test_every_write_is_a_complete_synced_temporary_file_renamed_into_place(
 
 
 # --- at interpreter exit, in a child interpreter -----------------------------------------
-
-
 
 
 # Each sets up a failure that the exit-time write then meets for real.

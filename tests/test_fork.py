@@ -16,6 +16,7 @@ import pathlib
 import pytest
 
 from childproc import run_script
+from capture_helpers import leftovers
 
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -30,12 +31,6 @@ CHILD_DOC = (
     '{"num_layers":2,"num_experts":4,"top_k":2,"counts":[[2,1,1,4],[0,0,2,2]],'
     '"trace":[[1,2,0,0,3,3,3,3],[3,3,2,2]],"pred":[[],[3,0]]}'
 )
-
-
-
-
-def leftovers(directory: pathlib.Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
 def split_at(stderr: str, marker: str) -> tuple[list[str], list[str]]:

@@ -24,20 +24,7 @@ import pytest
 
 import turbospark
 from turbospark import RouterHistogram
-
-DOC = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,1,1]],"trace":[[2,0],[1,2]]}'
-
-
-def fill(hist: Any) -> Any:
-    """The passes behind ``DOC``."""
-    hist.record(0, [2, 0])
-    hist.record(1, [1, 2])
-    return hist
-
-
-def leftovers(directory: pathlib.Path) -> list[str]:
-    """Temporary files an atomic write left behind."""
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+from capture_helpers import DOC, fill, leftovers
 
 
 @pytest.fixture

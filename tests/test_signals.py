@@ -27,18 +27,11 @@ import pytest
 
 from childproc import run_script
 from turbospark import RouterHistogram
+from capture_helpers import DOC, leftovers
 
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
-
-DOC = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,1,1]],"trace":[[2,0],[1,2]]}'
-
-
-
-
-def leftovers(directory: pathlib.Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
 # --- opted in ---------------------------------------------------------------------------
@@ -400,7 +393,6 @@ def test_ctrl_c_inside_a_call_loses_no_completed_pass(tmp_path: pathlib.Path, wh
             def __index__(self):
                 os.kill(os.getpid(), signal.SIGINT)
                 return 1
-
 
 
         class CtrlCRow:
