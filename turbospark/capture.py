@@ -105,6 +105,8 @@ _KEY = re.compile(_WS + rb'"([A-Za-z_][A-Za-z0-9_]*)"' + _WS + rb":" + _WS)
 _EMPTY_ROWS = re.compile(rb"\[" + _WS + rb"\]")
 _ROWS_END = re.compile(rb"\]" + _WS + rb"\]")
 _SEPARATOR = re.compile(_WS + rb"([,}])")
+# Whitespace may separate tokens but never split one: "[1 1]" is not "[11]".
+_SPLIT_NUMBER = re.compile(rb"[0-9][ \t\r\n]+[0-9]")
 _WHITESPACE = b" \t\r\n"
 
 
@@ -163,7 +165,7 @@ def _fast_rows(raw: bytes, pos: int) -> tuple[list[np.ndarray], int]:
     # exponents or anything else go to the exact json path.
     rest = block.translate(None, b"0123456789,[]")
     if rest:
-        if rest.translate(None, _WHITESPACE):
+        if rest.translate(None, _WHITESPACE) or _SPLIT_NUMBER.search(block):
             raise _NotFast
         block = b"".join(block.split())
     if not (block.startswith(b"[") and block.endswith(b"]")):
