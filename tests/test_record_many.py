@@ -7,6 +7,8 @@ a hypothesis property over random arrays of every integer dtype and layout.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any, Callable
 
 import numpy as np
@@ -16,7 +18,8 @@ from hypothesis import strategies as st
 
 from turbospark import RouterHistogram
 
-NOWHERE = "/nonexistent-dir/never-written.json"  # hypothesis examples never write
+# Hypothesis examples never write; the directory must exist for the constructor.
+NOWHERE = os.path.join(tempfile.gettempdir(), "turbospark-never-written.json")
 
 
 def pair(make: Callable[..., Any], *args: Any, **options: Any) -> tuple[Any, Any]:

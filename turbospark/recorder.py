@@ -24,7 +24,9 @@ import numpy as np
 from . import _env, _sigterm
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
+from ._destination import check_destination
 from ._f32display import format_f32_row
+from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -95,6 +97,21 @@ class _Facade:
         pilot: Optional[str] = None,
         router_logits: Optional[tuple[int, int]] = None,
     ) -> None:
+        self._start(path, num_layers, num_experts, top_k, trace, pilot, router_logits, from_env=False)
+
+    def _start(
+        self,
+        path: PathLike,
+        num_layers: int,
+        num_experts: int,
+        top_k: int,
+        trace: bool,
+        pilot: Optional[str],
+        router_logits: Optional[tuple[int, int]],
+        *,
+        from_env: bool,
+    ) -> None:
+        """Check the configuration and start recording; ``from_env`` turns a bad destination into a warning."""
         text = _path_text(path)
         layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
         experts = _whole("num_experts", num_experts, 1, 2**32)
@@ -102,6 +119,14 @@ class _Facade:
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
+        try:
+            check_destination(text)
+        except OSError as exc:
+            if not from_env:
+                raise
+            # An environment setting must never stop a runtime: say it now, record anyway.
+            warn_caller(f"{_env.HIST}={text!r}: {exc.strerror}; recording anyway, but the capture "
+                        "will be lost unless that is fixed before it is written")
         # Read (and warn about) the setting before this recorder exists, so a
         # warning turned into an error leaves nothing behind to write.
         handle_sigterm = _sigterm.requested()
@@ -129,15 +154,18 @@ class _Facade:
             return None
         config = _env.config_from_env(num_layers)
         assert config is not None
-        return cls(  # type: ignore[return-value]
+        recorder = cls.__new__(cls)
+        recorder._start(
             config.path,
             num_layers,
             num_experts,
             top_k,
-            trace=config.trace,
-            pilot=config.pilot,
-            router_logits=config.router_logits,
+            config.trace,
+            config.pilot,
+            config.router_logits,
+            from_env=True,
         )
+        return recorder  # type: ignore[return-value]
 
     @property
     def path(self) -> str:
