@@ -283,10 +283,10 @@ def test_long_selections(make: Callable[..., Any], form: str, n: int) -> None:
 @pytest.mark.parametrize("form", sorted(LONG_FORMS))
 def test_long_predictions(make: Callable[..., Any], form: str) -> None:
     ids = list(range(199, -1, -1))
-    hist = make(2, 200, pilot="self")
+    hist = make(2, 200, trace=True, pilot="self")
     hist.record_prediction(1, LONG_FORMS[form](ids))
     assert hist.predictions(1).tolist() == [ids]
-    assert hist.to_json().endswith(',"pred":[[],[' + ",".join(map(str, ids)) + "]]}")
+    assert hist.to_json().endswith(',"trace":[[],[]],"pred":[[],[' + ",".join(map(str, ids)) + "]]}")
 
 
 # --- record_many -------------------------------------------------------------

@@ -80,6 +80,24 @@ def _logits_request(router_logits: Any, num_layers: int) -> tuple[int, int]:
     return (layer, _whole("router_logits pass", pass_, 0, 2**64 - 1))
 
 
+def _useless(layers: int, experts: int, top_k: int, *, from_env: bool) -> list[str]:
+    """Why this configuration can only produce a useless capture, phrased as errors for the
+    constructor or as warnings for ``from_env`` (which, like the reference, records anyway)."""
+    problems = []
+    if layers == 0:
+        problems.append(
+            "num_layers is 0: the recorder can record nothing (every layer index is out of range); recording anyway"
+            if from_env
+            else "num_layers must be at least 1, got 0: a recorder with no layers can record nothing"
+        )
+    if top_k > experts:
+        problems.append(
+            f"top_k={top_k} exceeds num_experts={experts}: a router cannot pick more experts than it has"
+            + ("; recording anyway, as the reference does" if from_env else "")
+        )
+    return problems
+
+
 class _Facade:
     """Everything of ``RouterHistogram`` that is not a per-call hot path."""
 
@@ -119,6 +137,17 @@ class _Facade:
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
+        for problem in _useless(layers, experts, k, from_env=from_env):
+            if from_env:
+                warn_caller(problem)
+            else:
+                raise ValueError(problem)
+        if pilot is not None and not trace:
+            warn_caller(
+                (f"{_env.PILOT} is set but {_env.TRACE} is not" if from_env else f"pilot={pilot!r} with trace=False")
+                + ": the predictions can never be scored (pilot recall compares them with the trace); "
+                + (f"set {_env.TRACE}=1" if from_env else "pass trace=True")
+            )
         try:
             check_destination(text)
         except OSError as exc:
@@ -144,8 +173,11 @@ class _Facade:
 
         None when ``TURBOSPARK_ROUTER_HIST`` is unset or empty, or when
         ``num_experts`` is 0 (a dense model has nothing to count), exactly as
-        the reference. An unusable router-logits setting is ignored with a
-        ``RuntimeWarning``. Raises TypeError/ValueError for invalid sizes.
+        the reference. Lenient where the constructor is strict: an unusable
+        router-logits setting, an unwritable destination, zero layers,
+        ``top_k > num_experts`` or the probe without the trace each give a
+        ``RuntimeWarning`` and recording goes on. Raises TypeError/ValueError
+        for invalid sizes (negative, non-integer).
         """
         _whole("num_layers", num_layers, 0, _MAX_SIZE)
         _whole("num_experts", num_experts, 0, 2**32)
@@ -275,6 +307,11 @@ class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
     ``record``; ``pilot`` is None, ``"next"`` or ``"self"``; ``router_logits``
     is None or a ``(layer, pass)`` pair. ``RouterHistogram.from_env(...)``
     configures it from the ``TURBOSPARK_*`` variables instead.
+
+    The constructor raises ValueError for a capture that cannot be useful
+    (``num_layers == 0``, ``top_k > num_experts``), an OSError naming the path
+    when the destination cannot be written, and warns (RuntimeWarning) about a
+    pilot with the trace off, whose predictions could never be scored.
 
     Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d)``,
     ``record_prediction(layer, ids)``, ``record_router_logits(layer, row)``.
