@@ -7,6 +7,7 @@ that compare the two cores in one process use ``cores``.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Callable
 
@@ -26,6 +27,16 @@ def compiled_core() -> Any:
     except ImportError:
         return None
     return _recorder.RecorderCore
+
+
+def require(module: str) -> Any:
+    """Import ``module``, or skip the test without it; under ``CI=true`` a missing module fails instead."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module} is required under CI=true but cannot be imported: {exc}")
+        pytest.skip(f"{module} is not installed")
 
 
 @pytest.fixture(autouse=True)
