@@ -36,7 +36,7 @@ def require(module: str) -> Any:
     except ImportError as exc:
         if os.environ.get("CI") == "true":
             pytest.fail(f"{module} is required under CI=true but cannot be imported: {exc}")
-        pytest.skip(f"{module} is not installed")
+        pytest.skip(f"{module} is not installed", allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ import numpy as np
 from . import _convert
 
 PHASES = {"prompt": 0, "decode": 1}
+PHASE_NAMES = ("prompt", "decode")
 # What a pass recorded without sequence information reads as.
 DEFAULT_SEQ = 0
 DEFAULT_PHASE = PHASES["decode"]

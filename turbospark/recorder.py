@@ -246,10 +246,7 @@ class _Facade:
         if self.closed:  # type: ignore[attr-defined]
             return
         if os.getpid() == self._owner_pid:
-            try:
-                self._drain()
-            except Exception as exc:  # noqa: BLE001 -- close() must never raise
-                _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
+            self._drain_and_report()
         if not self._mark_closed():  # type: ignore[attr-defined]
             return
         with _live_lock:
@@ -258,7 +255,16 @@ class _Facade:
             return
         self._write_and_report()
 
+    def _drain_and_report(self) -> None:
+        # A refused staged call must not cost the capture its write.
+        try:
+            self._drain()
+        except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
+            _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
+
     def _write_and_report(self) -> None:
+        if not self.closed:  # type: ignore[attr-defined]
+            self._drain_and_report()
         with _live_lock:
             _writing.add(self)
         try:
