@@ -15,7 +15,7 @@ from conftest import require
 torch = require("torch")
 
 import turbospark  # noqa: E402
-from turbospark.torch import DEFAULT_CAPACITY, DeviceRecorder, staging_bytes  # noqa: E402
+from turbospark.torch import COUNTS_ONLY_CAPACITY, DEFAULT_CAPACITY, DeviceRecorder, staging_bytes  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 aten = torch.ops.aten
@@ -334,12 +334,30 @@ def test_construction_errors(make: Any) -> None:
         DeviceRecorder(closed, device="cpu")
 
 
-def test_staging_size_for_a_60_layer_top_8_model() -> None:
-    # The README's figure: the default capacity, top-8.
-    assert DEFAULT_CAPACITY == 65536
-    assert staging_bytes(DEFAULT_CAPACITY, 8) == 4_784_128
-    # Rows per decoded token of a 60-layer model, batch 1, selections and predictions.
-    assert DEFAULT_CAPACITY // (60 * 2) == 546
+def test_memory_of_a_60_layer_top_8_model(make: Any) -> None:
+    # The README's figures: default capacities, 60 layers, 128 experts, top-8.
+    assert (DEFAULT_CAPACITY, COUNTS_ONLY_CAPACITY) == (65536, 4096)
+    assert staging_bytes(DEFAULT_CAPACITY, 8) == (5_308_416, 4_784_128)
+    staged = DeviceRecorder(make(60, 128, 8, trace=True, name="t.json"), device="cpu")
+    assert staged.memory() == staging_bytes(DEFAULT_CAPACITY, 8)
+    counted = DeviceRecorder(make(60, 128, 8, name="c.json"), device="cpu")
+    assert counted.memory() == (398_760, 62_880)
+    # Decoded tokens between two flushes at batch 1: one row per layer, another with the probe.
+    assert DEFAULT_CAPACITY // 60 == 1092 and DEFAULT_CAPACITY // 120 == 546
+
+
+def test_counts_only_counts_long_calls_in_chunks(make: Any) -> None:
+    hist = make(1, 16, 2)
+    direct = make(1, 16, 2, name="direct.json")
+    dev = DeviceRecorder(hist, device="cpu", capacity=3)
+    ids = torch.randint(0, 16, (11, 2))
+    mask = torch.rand(11) < 0.7
+    dev.record(0, ids, valid=torch.tensor(9), mask=mask)
+    dev.record(0, ids, valid=5)
+    keep = ((torch.arange(11) < 9) & mask).numpy()
+    direct.record_many(0, ids.numpy()[keep])
+    direct.record_many(0, ids.numpy()[:5])
+    assert hist.to_json() == direct.to_json()
 
 
 def test_import_turbospark_does_not_import_torch(tmp_path: pathlib.Path) -> None:

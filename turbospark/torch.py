@@ -33,23 +33,28 @@ import torch
 from . import _errors, _sequences
 from ._convert import check_layer
 
-__all__ = ["DEFAULT_CAPACITY", "DeviceRecorder", "GraphRegion", "staging_bytes"]
+__all__ = ["COUNTS_ONLY_CAPACITY", "DEFAULT_CAPACITY", "DeviceRecorder", "GraphRegion", "staging_bytes"]
 
-# Rows of top_k ids staged before a flush: 65,536 rows is 4.6 MiB for top-8
-# (73 bytes a row) on the device and the same in pinned host memory.
+# Rows of top_k ids staged before a flush: for top-8, 5.1 MiB on the device
+# and 4.6 MiB of pinned host memory (see staging_bytes).
 DEFAULT_CAPACITY = 65536
+# Counts-only: rows counted per chunk of a call (scratch space, not a limit).
+COUNTS_ONLY_CAPACITY = 4096
 
 _SELECTION, _PREDICTION = 0, 1
 # A staged call with no sequence information.
 _NO_PHASE = -1
 
 
-def staging_bytes(capacity: int, top_k: int) -> int:
-    """Device bytes of a staging buffer of ``capacity`` rows of ``top_k`` ids (the same again pinned on the host).
+def staging_bytes(capacity: int, top_k: int) -> tuple[int, int]:
+    """(device bytes, host bytes) of a staging buffer of ``capacity`` rows of ``top_k`` ids.
 
-    A row is top_k int64 ids, one int64 sequence id and one bool keep flag.
+    A row is top_k int64 ids, one int64 sequence id and one bool keep flag,
+    on the device and again in (pinned) host memory; the device also holds an
+    int64 row index per row.
     """
-    return capacity * (8 * top_k + 8 + 1)
+    row = 8 * top_k + 8 + 1
+    return capacity * (row + 8), capacity * row
 
 
 class _Call(NamedTuple):
@@ -87,12 +92,15 @@ class _Buffers:
 class DeviceRecorder:
     """Per-layer recording of device tensors into a ``RouterHistogram``, with no host sync per call.
 
-    ``DeviceRecorder(hist, *, device=None, top_k=None, capacity=DEFAULT_CAPACITY,
+    ``DeviceRecorder(hist, *, device=None, top_k=None, capacity=None,
     counts_only=None)``: ``hist`` an open recorder; ``device`` where the ids
     live (default: the current CUDA device when CUDA is available, else the
-    CPU); ``top_k`` needed when ``hist.top_k`` is still 0; ``capacity`` the
-    staging rows (see ``staging_bytes``); ``counts_only`` defaults to True
-    exactly when the recorder's trace and probe are both off.
+    CPU); ``top_k`` needed when ``hist.top_k`` is still 0; ``counts_only``
+    defaults to True exactly when the recorder's trace and probe are both off.
+    ``capacity``: the staging rows (default ``DEFAULT_CAPACITY``; one call
+    may not stage more; see ``staging_bytes``), or counts-only, the rows
+    counted per chunk of a call (default ``COUNTS_ONLY_CAPACITY``; longer
+    calls are counted in chunks). ``memory()`` gives the bytes allocated.
 
     Raises ValueError/TypeError for a closed recorder, an unknown or
     conflicting top_k, a capacity below 1, or counts-only with the trace or
@@ -105,7 +113,7 @@ class DeviceRecorder:
         *,
         device: Union[torch.device, str, None] = None,
         top_k: Optional[int] = None,
-        capacity: int = DEFAULT_CAPACITY,
+        capacity: Optional[int] = None,
         counts_only: Optional[bool] = None,
     ) -> None:
         if hist.closed:
@@ -117,13 +125,15 @@ class DeviceRecorder:
         k = hist.top_k or top_k
         if not k:
             raise ValueError("top_k is unknown: the recorder has not learnt it yet, so pass top_k=")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity must be a positive number of rows, got {capacity!r}")
         ids_kept = hist.trace_enabled or hist.pilot_enabled()
         if counts_only is None:
             counts_only = not ids_kept
         elif counts_only and ids_kept:
             raise ValueError("counts_only needs the recorder's trace and pilot probe off: they keep every id")
+        if capacity is None:
+            capacity = COUNTS_ONLY_CAPACITY if counts_only else DEFAULT_CAPACITY
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be a positive number of rows, got {capacity!r}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self._device = torch.device(device)
@@ -146,10 +156,11 @@ class DeviceRecorder:
             # Columns E and E + 1 collect dropped rows and out-of-range ids.
             self._counts = torch.zeros((self._num_layers, self._num_experts + 2), dtype=torch.int64, device=dev)
             self._passes = torch.zeros(self._num_layers, dtype=torch.int64, device=dev)
-            self._scratch = _Buffers(capacity, self._top_k, dev, False)
+            self._block = torch.zeros((capacity, self._top_k), dtype=torch.int64, device=dev)
+            self._keep = torch.zeros(capacity, dtype=torch.bool, device=dev)
             self._flags = torch.zeros((capacity, self._top_k), dtype=torch.bool, device=dev)
             self._dropped = torch.zeros(capacity, dtype=torch.bool, device=dev)
-            self._ones = torch.ones(capacity * self._top_k, dtype=torch.int64, device=dev)
+            self._ones = torch.ones(1, dtype=torch.int64, device=dev).expand(capacity * self._top_k)
             self._host_counts = torch.zeros(self._counts.shape, dtype=torch.int64, pin_memory=self._cuda)
             self._host_passes = torch.zeros(self._num_layers, dtype=torch.int64, pin_memory=self._cuda)
         else:
@@ -177,6 +188,17 @@ class DeviceRecorder:
     def counts_only(self) -> bool:
         """True when only (L, E) counts cross to the host (trace and probe off)."""
         return self._counts_only
+
+    def memory(self) -> tuple[int, int]:
+        """Bytes this recorder allocated: (on its device, in host memory, pinned when the device is CUDA)."""
+        if self._counts_only:
+            device = [self._counts, self._passes, self._block, self._keep, self._flags, self._dropped,
+                      self._arange, self._ones[:1]]
+            host = [self._host_counts, self._host_passes]
+        else:
+            device = [self._staged.ids, self._staged.keep, self._staged.seq, self._arange]
+            host = [self._host.ids, self._host.keep, self._host.seq]
+        return _bytes(device), _bytes(host)
 
     @property
     def staged_rows(self) -> int:
@@ -237,12 +259,13 @@ class DeviceRecorder:
             self._check_rows("mask", mask, rows, torch.bool)
             self._check_valid(valid)
             code = self._check_seq(seq, phase, rows)
-            if rows > self._capacity:
-                raise ValueError(f"{rows} rows in one call exceed the staging capacity of {self._capacity} rows")
             if self._counts_only:
                 if kind == _SELECTION:
-                    self._count(index, ids, valid, mask)
+                    for start in range(0, rows, self._capacity):
+                        self._count(index, ids, start, min(rows, start + self._capacity), valid, mask)
                 return
+            if rows > self._capacity:
+                raise ValueError(f"{rows} rows in one call exceed the staging capacity of {self._capacity} rows")
             region = self._region
             if region is not None:
                 region._stage(_Call(kind, index, region._pos, rows, code), ids, valid, mask, seq)
@@ -312,13 +335,15 @@ class DeviceRecorder:
 
     # ------------------------------------------------------------ counts-only
 
-    def _count(self, index: int, ids: torch.Tensor, valid: Any, mask: Any) -> None:
-        rows, e = ids.shape[0], self._num_experts
-        scratch = self._scratch
-        block = scratch.ids[:rows]
-        block.copy_(ids)
-        keep = scratch.keep[:rows]
-        _keep_rows(keep, self._arange, rows, valid, mask)
+    def _count(self, index: int, ids: torch.Tensor, start: int, stop: int, valid: Any, mask: Any) -> None:
+        """Count rows start..stop of one call into the device counts."""
+        rows, e = stop - start, self._num_experts
+        block = self._block[:rows]
+        block.copy_(ids[start:stop])
+        keep = self._keep[:rows]
+        # Row start + i is kept when start + i < valid: compare i with valid - start.
+        shifted = valid if valid is None or start == 0 else valid - start
+        _keep_rows(keep, self._arange, rows, shifted, None if mask is None else mask[start:stop])
         flags = self._flags[:rows]
         # Out-of-range ids go to column E + 1, dropped rows to column E.
         torch.lt(block, 0, out=flags)
@@ -459,6 +484,10 @@ class GraphRegion:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _keep_rows(keep: torch.Tensor, arange: torch.Tensor, rows: int, valid: Any, mask: Any) -> None:
