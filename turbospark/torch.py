@@ -136,7 +136,11 @@ class DeviceRecorder:
             raise ValueError(f"capacity must be a positive number of rows, got {capacity!r}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self._device = torch.device(device)
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            # Tensors report cuda:N, never a bare "cuda": compare like with like.
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._device = device
         self._cuda = self._device.type == "cuda"
         self._hist = hist
         self._top_k = int(k)
