@@ -81,6 +81,16 @@ def compiled_core() -> Any:
     return _recorder.RecorderCore
 
 
+def require(module: str) -> Any:
+    """Import ``module``, or skip the test without it; under ``CI=true`` a missing module fails instead."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module} is required under CI=true but cannot be imported: {exc}")
+        pytest.skip(f"{module} is not installed", allow_module_level=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_swallowed_exceptions(capfd: pytest.CaptureFixture[str]) -> Any:
     """Fail a test whose stderr shows an exception swallowed in extension code or a finalizer."""

@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _env, _sigterm
+from . import _convert, _env, _errors, _paths, _sequences, _sigterm
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._destination import check_destination
@@ -103,6 +103,7 @@ class _Facade:
 
     _path: str
     _owner_pid: int
+    _columns: Optional[_sequences.SequenceColumns]
 
     def __init__(
         self,
@@ -160,8 +161,12 @@ class _Facade:
         # warning turned into an error leaves nothing behind to write.
         handle_sigterm = _sigterm.requested()
         super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)  # type: ignore[call-arg]
-        self._path = text
+        self._path = _paths.per_process(text)
         self._owner_pid = os.getpid()
+        self._columns = None
+        self._batch_lock = threading.RLock()
+        # Staged data (the device path) to hand to the core before any write.
+        self._drains: list[Any] = []
         with _live_lock:
             _live.add(self)
         if handle_sigterm:
@@ -222,15 +227,67 @@ class _Facade:
         """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
         return self.predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
 
+    def record_batch(self, layer: int, ids_2d: Any, *, seq: Any, phase: str, mask: Any = None) -> None:
+        """Record a block of passes that belong to different sequences, in one phase.
+
+        Takes ``ids_2d`` (n, top_k) integer ids (ndarray, nested list or CPU
+        tensor), ``seq`` one non-negative sequence id per row (list, ndarray or
+        CPU tensor), ``phase`` ``"prompt"`` or ``"decode"`` for every row, and
+        an optional boolean ``mask`` of length n: only the rows it keeps are
+        validated and recorded (the others may hold anything, e.g. -1 padding).
+        Counts and trace are exactly those of ``record_many`` with the kept
+        rows; the capture then also carries each pass's sequence id and phase.
+        Raises what ``record_many`` raises, and TypeError/ValueError for a bad
+        ``seq``, ``phase`` or ``mask``; a rejected call records nothing.
+        """
+        with self._batch_lock:
+            if self.closed:  # type: ignore[attr-defined]
+                raise _errors.closed()
+            index = _convert.check_layer(layer, self.num_layers)  # type: ignore[attr-defined]
+            code = _sequences.phase_code(phase)
+            block = _sequences.block_copy(ids_2d)
+            rows = block.shape[0]
+            seq_ids = _sequences.seq_copy(seq, rows)
+            keep = _sequences.mask_copy(mask, rows)
+            if keep is not None:
+                block, seq_ids = block[keep], seq_ids[keep]
+            self.record_many(index, block)  # type: ignore[attr-defined]
+            if block.shape[0] == 0:
+                return
+            if self._columns is None:
+                self._columns = _sequences.SequenceColumns(self.num_layers)  # type: ignore[attr-defined]
+            # The kept rows are the layer's newest passes.
+            passes = int(self.passes_array()[index])  # type: ignore[attr-defined]
+            self._columns.extend(index, passes - block.shape[0], seq_ids, code)
+
     def _document(self) -> bytes:
+        self._drain()
         capture = self.logits_capture()  # type: ignore[attr-defined]
         if capture is None:
-            tail = b"}"
+            tail = b""
         else:
             layer, pass_, values = capture
             row = "null" if values is None else format_f32_row(values)
-            tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}}}'.encode("ascii")
-        return self.json_document(tail)  # type: ignore[attr-defined, no-any-return]
+            tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
+        with self._batch_lock:
+            if self._columns is None:
+                return self.json_document(tail + b"}")  # type: ignore[attr-defined, no-any-return]
+            # The columns must match the passes of the core's snapshot: passes
+            # only grow, so equal counts before and after pin that snapshot.
+            while True:
+                before = self.passes_array()  # type: ignore[attr-defined]
+                head = self.json_document(tail)  # type: ignore[attr-defined]
+                if np.array_equal(before, self.passes_array()):  # type: ignore[attr-defined]
+                    return head + self._columns.json_tail(before.tolist()) + b"}"  # type: ignore[no-any-return]
+
+    def _add_drain(self, drain: Any) -> None:
+        """Call ``drain()`` before every write and before closing (the device path's staged ids)."""
+        with self._batch_lock:
+            self._drains.append(drain)
+
+    def _drain(self) -> None:
+        for drain in list(self._drains):
+            drain()
 
     def to_json(self) -> str:
         """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
@@ -246,6 +303,10 @@ class _Facade:
         Only the process that created the recorder writes: a forked child's
         copy closes silently, so it can never overwrite the parent's capture.
         """
+        if self.closed:  # type: ignore[attr-defined]
+            return
+        if os.getpid() == self._owner_pid:
+            self._drain_and_report()
         if not self._mark_closed():  # type: ignore[attr-defined]
             return
         with _live_lock:
@@ -254,7 +315,16 @@ class _Facade:
             return
         self._write_and_report()
 
+    def _drain_and_report(self) -> None:
+        # A refused staged call must not cost the capture its write.
+        try:
+            self._drain()
+        except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
+            _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
+
     def _write_and_report(self) -> None:
+        if not self.closed:  # type: ignore[attr-defined]
+            self._drain_and_report()
         with _live_lock:
             _writing.add(self)
         try:
@@ -272,6 +342,10 @@ class _Facade:
         finally:
             with _live_lock:
                 _writing.discard(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._batch_lock = threading.RLock()
+        super()._after_fork_in_child()  # type: ignore[misc]
 
     def __enter__(self) -> "_Facade":
         return self
