@@ -1,4 +1,5 @@
-"""``turbospark analyze`` additions: ``--placement FILE`` (per-layer imbalance of a placement)."""
+"""``turbospark analyze`` additions: ``--placement FILE`` (per-layer imbalance of a placement)
+and ``--holdout F`` (coverage sets chosen on the first passes, judged on the rest)."""
 
 from __future__ import annotations
 
@@ -22,21 +23,30 @@ class Extras:
 
 
 def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -> None:
-    """Add ``--placement`` and ``--gpus`` to the analyze parser."""
+    """Add ``--placement``, ``--gpus`` and ``--holdout`` to the analyze parser."""
     parser.add_argument("--placement", metavar="FILE",
                         help="also report per-layer GPU load imbalance of this placement "
                         "(turbospark's JSON, SGLang's or TensorRT-LLM's file)")
     parser.add_argument("--gpus", type=positive, metavar="G",
                         help="GPUs of a --placement file that does not say (SGLang's, TensorRT-LLM's)")
+    parser.add_argument("--holdout", type=fraction, metavar="F",
+                        help="choose coverage sets on the first fraction F of each layer's passes "
+                        "and report how they cover the rest (needs the trace)")
 
 
 def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
     """The additions asked for by ``args``, or None. Raises ``ValueError`` naming the problem."""
-    if args.placement is None:
+    if args.placement is None and args.holdout is None:
         return None
     out = Extras()
     if args.placement is not None:
         _placement(capture, args.placement, args.gpus, out)
+    if args.holdout is not None:
+        from .holdout import holdout, holdout_lines
+
+        doc = holdout(capture, args.holdout)
+        out.doc["holdout"] = doc
+        out.lines += holdout_lines(doc)
     return out
 
 
