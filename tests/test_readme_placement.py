@@ -57,6 +57,7 @@ def test_placement_example_runs_and_prints_what_the_readme_shows(tmp_path: Path,
     analysis = json.loads((tmp_path / "analysis.json").read_text())
     assert len(analysis["placement"]["layers"]) == 16
     assert list(json.loads((tmp_path / "logical_count.json").read_text())) == ["logical_count"]
+    assert len(json.loads((tmp_path / "compare.json").read_text())["layers"]) == 16
     code = block("placement-python")
     namespace: dict[str, object] = {}
     cwd = os.getcwd()

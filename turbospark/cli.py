@@ -1,4 +1,5 @@
-"""The ``turbospark`` command: ``analyze``, ``plot``, ``demo``, and ``place``, ``export`` (``_cli_place``).
+"""The ``turbospark`` command: ``analyze``, ``plot``, ``demo``; ``place``, ``export`` (``_cli_place``);
+``compare``, ``merge`` (``_cli_tools``).
 
 Exit status: 0 when everything asked for holds; 1 when a capture check (or
 ``--self-test``) fails, the report still printed; 2 when the job could not be
@@ -112,9 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_analysis_options(demo_cmd)
     demo_cmd.set_defaults(run=_run_demo)
 
-    from . import _cli_place
+    from . import _cli_place, _cli_tools
 
     _cli_place.add_commands(commands, _positive)
+    _cli_tools.add_commands(commands)
     return parser
 
 
