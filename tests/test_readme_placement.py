@@ -58,7 +58,9 @@ def test_placement_example_runs_and_prints_what_the_readme_shows(tmp_path: Path,
     assert len(analysis["placement"]["layers"]) == 16
     assert list(json.loads((tmp_path / "logical_count.json").read_text())) == ["logical_count"]
     assert len(json.loads((tmp_path / "compare.json").read_text())["layers"]) == 16
-    assert outputs[-1] == "merged 2 captures into merged.json\n"
+    assert outputs[-2] == "merged 2 captures into merged.json\n"
+    assert outputs[-1] == "wrote placement.png\n"
+    assert (tmp_path / "placement.png").read_bytes()[:4] == b"\x89PNG"
     assert len(json.loads((tmp_path / "merged.json").read_text())["seq"][0]) == 2000
     code = block("placement-python")
     namespace: dict[str, object] = {}

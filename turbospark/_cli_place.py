@@ -13,7 +13,7 @@ from ._cli_io import UsageError, emit, read_capture, run_guarded
 from .placement.document import build, summary_lines
 from .placement.formats import FORMATS, render
 
-__all__ = ["add_commands", "fraction"]
+__all__ = ["add_commands", "draw_placement", "fraction"]
 
 
 def add_commands(commands: Any, positive: Any) -> None:
@@ -83,4 +83,28 @@ def _run_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.capture} has no experts to export")
     counts: np.ndarray = capture.counts
     emit(json.dumps({"logical_count": counts.tolist()}, separators=(",", ":")) + "\n", args.output)
+    return 0
+
+
+def draw_placement(path: str, output: str) -> int:
+    """``plot --placement``: draw the placement document at ``path`` into ``output``; returns the exit status."""
+    import os
+
+    from .plot import MissingMatplotlib
+    from .plot_placement import plot_placement, read_document
+
+    try:
+        doc = read_document(path)
+    except (OSError, ValueError) as exc:
+        print(f"turbospark: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return 2
+    try:
+        plot_placement(doc, output, title=os.path.basename(path))
+    except MissingMatplotlib as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {output}")
     return 0

@@ -76,9 +76,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Draw a capture: layer x expert selection share, distinct experts per "
         "window of M passes against uniform routing, pilot recall per layer against random.",
     )
-    plot_cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    plot_cmd.add_argument("capture", metavar="CAPTURE", nargs="?", help="capture JSON file")
     plot_cmd.add_argument(
         "-o", "--output", metavar="FILE.png", help="image to write (default: CAPTURE with .png)"
+    )
+    plot_cmd.add_argument(
+        "--placement", metavar="FILE",
+        help="instead of a capture, draw a placement's per-layer imbalance before and after, "
+        "in and out of sample (turbospark place's JSON)",
     )
     plot_cmd.add_argument(
         "--max-window", type=_positive, default=16, metavar="M",
@@ -217,6 +222,13 @@ def _recall(value: float | None) -> str:
 def _run_plot(args: argparse.Namespace) -> int:
     from .plot import MissingMatplotlib, plot_capture
 
+    if (args.capture is None) == (args.placement is None):
+        print("turbospark: plot takes a CAPTURE or --placement FILE (one of the two)", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.placement is not None:
+        from ._cli_place import draw_placement
+
+        return draw_placement(args.placement, args.output or _png_beside(args.placement))
     capture = _load(args.capture)
     if capture is None:
         return EXIT_UNUSABLE
