@@ -98,11 +98,20 @@ def test_fit_and_batches_by_hand(tmp_path: Path, capfd: pytest.CaptureFixture[st
 def test_batches_of_concurrent_sequences() -> None:
     ids = np.array([[0], [1], [0], [2], [1], [3]])
     seq = np.array([5, 7, 5, 9, 7, 9])
+    decode = np.ones(6, dtype=np.int64)
     # Sequences by first appearance 5, 7, 9; B=2: cohort {5, 7} then {9}.
-    # Cohort 0: batch 0 = first passes of 5 and 7 (ids 0, 1), batch 1 = second passes (0, 1);
-    # cohort 1: batch 2 = (2), batch 3 = (3).
-    assert batch_counts(ids, 4, 2, seq).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    # Cohort 0: batch 1 = first decode passes of 5 and 7 (ids 0, 1), batch 2 = second ones (0, 1);
+    # cohort 1: (2), then (3). No prompt passes, so no iteration 0.
+    assert batch_counts(ids, 4, 2, (seq, decode)).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     assert batch_counts(ids, 4, 4, None).tolist() == [[2, 1, 1, 0]]
+    # Prompt passes of a cohort's sequences form its first iteration together.
+    phase = np.array([0, 0, 1, 0, 1, 1])
+    # Cohort {5, 7}: iteration 0 = prompts of 5 and 7 (0, 1); iteration 1 = decode (0, 1).
+    # Cohort {9}: iteration 0 = its prompt (2), iteration 1 = (3).
+    assert batch_counts(ids, 4, 2, (seq, phase)).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    prompt_heavy = np.array([[0], [0], [1], [2]])
+    assert batch_counts(prompt_heavy, 4, 1, (np.array([3, 3, 3, 3]), np.array([0, 0, 1, 1]))).tolist() == [
+        [2, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
 
 
 def test_batches_use_the_seq_key(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

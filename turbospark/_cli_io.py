@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from ._atomic import write_atomic
 from ._sequences import Sequences, sequences
 from .capture import Capture, loads
 
-__all__ = ["UsageError", "emit", "read_capture"]
+__all__ = ["UsageError", "emit", "read_capture", "run_guarded"]
 
 
 class UsageError(Exception):
@@ -40,8 +41,9 @@ def emit(text: str, output: Optional[str]) -> None:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
 
 
-def run_guarded(job, args) -> int:  # type: ignore[no-untyped-def]
-    """Run ``job(args)``; a ``UsageError`` or ``ValueError`` prints ``turbospark: MESSAGE`` and gives exit 2."""
+def run_guarded(job: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run ``job(args)``; a ``UsageError`` or ``ValueError`` (bad settings, files that do not fit
+    together) prints ``turbospark: MESSAGE`` on stderr and gives exit 2."""
     try:
         return int(job(args))
     except (UsageError, ValueError) as exc:

@@ -7,9 +7,10 @@
 * ``batch_counts``: the counts of each serving batch of B passes in a window.
   Without sequence information, a batch is B consecutive passes (the
   recorder's pass order; a shorter tail is left out). With it (the ``seq``
-  key), a batch is what a server's iteration sees: B concurrent sequences
-  (in order of first appearance, B at a time), one pass of each: batch j of
-  a cohort holds the j-th pass of each of its sequences in the window, so
+  and ``phase`` keys), a batch is what a server's iteration sees: B
+  concurrent sequences (in order of first appearance, B at a time); the
+  cohort's first iteration holds the prompt passes (phase 0) of all its
+  sequences, and iteration j >= 1 the j-th decode pass of each sequence, so
   late batches of a cohort shrink as its sequences end.
 """
 
@@ -59,10 +60,11 @@ def split(capture: Capture, fit: Optional[float]) -> Split:
     return Split(fit_counts, test_counts, cut, [ids.shape[0] - c for ids, c in zip(trace, cut)])
 
 
-def batch_counts(ids: np.ndarray, num_experts: int, batch: int, seq: Optional[np.ndarray]) -> np.ndarray:
+def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
+                 seq: Optional[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """(batches, E) counts of the serving batches of a window's (P, K) ``ids``.
 
-    ``seq``: the window's per-pass sequence ids, or None (consecutive passes).
+    ``seq``: the window's per-pass (sequence ids, phases), or None (consecutive passes).
     """
     passes = ids.shape[0]
     if seq is None:
@@ -70,16 +72,21 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int, seq: Optional[np
         ids = ids[: whole * batch]
         which = np.repeat(np.arange(whole), batch)
     else:
+        seq, phase = seq
         _, first, inverse = np.unique(seq, return_index=True, return_inverse=True)
         rank = np.empty_like(first)
         rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
         cohort = rank[inverse] // batch
-        # j = how many earlier passes of the same sequence the window holds.
-        order = np.argsort(inverse, kind="stable")
-        sorted_seq = inverse[order]
-        starts = np.searchsorted(sorted_seq, sorted_seq, side="left")
+        # Iteration 0: every prompt pass; iteration j >= 1: the j-th decode pass
+        # of the sequence in the window (a count of its earlier decode passes + 1).
+        decode = phase != 0
+        key = np.where(decode, inverse, -1)
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        starts = np.searchsorted(sorted_key, sorted_key, side="left")
         position = np.empty(passes, dtype=np.int64)
-        position[order] = np.arange(passes) - starts
+        position[order] = np.arange(passes) - starts + 1
+        position[~decode] = 0
         key = cohort * (int(position.max(initial=0)) + 1) + position
         _, which = np.unique(key, return_inverse=True)
         whole = int(which.max(initial=-1)) + 1
@@ -89,6 +96,7 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int, seq: Optional[np
     return np.bincount(flat, minlength=whole * num_experts).reshape(whole, num_experts)
 
 
-def window_sequences(seqs: Optional[Sequences], layer: int, start: int, stop: int) -> Optional[np.ndarray]:
-    """The sequence ids of passes start..stop-1 of ``layer``, or None without sequence information."""
-    return None if seqs is None else seqs[0][layer][start:stop]
+def window_sequences(seqs: Optional[Sequences], layer: int, start: int,
+                     stop: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(sequence ids, phases) of passes start..stop-1 of ``layer``, or None without sequence information."""
+    return None if seqs is None else (seqs[0][layer][start:stop], seqs[1][layer][start:stop])
