@@ -72,6 +72,15 @@ def test_bad_settings_name_the_value(kwargs: dict, message: str) -> None:
     assert str(info.value) == message
 
 
+def test_nothing_to_place() -> None:
+    with pytest.raises(ValueError, match="^the capture has no layers to place$"):
+        place(np.zeros((0, 4), dtype=np.int64), 2)
+    with pytest.raises(ValueError, match="^the capture has no experts to place$"):
+        place(np.zeros((1, 0), dtype=np.int64), 1)
+    with pytest.raises(ValueError, match="^counts must be a 2-D array of non-negative numbers"):
+        place(np.array([[1, -1]]), 1)
+
+
 def _random_case(draw: st.DrawFn) -> tuple[np.ndarray, int, int, int, int | None]:
     nodes = draw(st.sampled_from([1, 2, 4]))
     groups = draw(st.sampled_from([None, nodes, 2 * nodes]))

@@ -85,6 +85,8 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
         raise ValueError("counts must be a 2-D array of non-negative numbers (layers x experts)")
     layers, experts = counts.shape
     slots = check_geometry(experts, gpus, slots, nodes, groups)
+    if layers == 0:
+        raise ValueError("the capture has no layers to place")
     hierarchical = groups is not None
     greedy, _ = eplb(counts, slots, groups if hierarchical else 1, nodes if hierarchical else 1, gpus)
     weight = counts.astype(np.float64)

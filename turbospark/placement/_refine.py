@@ -27,14 +27,14 @@ def refine(phy2log: np.ndarray, weight: np.ndarray, num_gpus: int, num_nodes: in
     within nodes; returns a new map with the same replicas (the input is not changed)."""
     layers, slots = phy2log.shape
     per_gpu = slots // num_gpus
-    if per_gpu == 0 or num_gpus < 2:
+    gpus_per_node = num_gpus // num_nodes
+    if per_gpu == 0 or gpus_per_node < 2:
         return phy2log.copy()
     result = phy2log.reshape(layers, num_gpus, per_gpu).copy()
     share = weight / np.maximum(replica_counts(phy2log, weight.shape[1]), 1)
     slot_load = np.take_along_axis(share, phy2log, axis=1).reshape(layers, num_gpus, per_gpu)
     loads = slot_load.sum(axis=2)
     slot_f32 = slot_load.astype(np.float32)
-    gpus_per_node = num_gpus // num_nodes
     node = np.arange(num_gpus) // gpus_per_node
     active = np.arange(layers)
     rounds = max_rounds if max_rounds is not None else 8 * num_gpus + 64
