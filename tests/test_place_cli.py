@@ -170,3 +170,32 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
     placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,1],[0,1,2,3,0,1]]}')
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: {placement}: expert 0 of layer 0 has no slot in the placement\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\nnum_slots: 6\nbogus: 1\n",
+         "line 4 is not part of a TensorRT-LLM EPLB file: 'bogus: 1'"),
+        ("initial_global_assignments:\n  0: [1, 1, 1, 3]\nnum_slots: 6\n", "layer 0 lists 4 experts, not num_slots=6"),
+        ("initial_global_assignments:\n  5: [1, 1, 1, 3, 2, 0]\nnum_slots: 6\n",
+         "layer 5 of the placement is not below num_layers=2"),
+        ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 layers, the capture 2"),
+        ('{"physical_to_logical_map":[[0,1,2,9],[0,1,2,3]]}', "the placement holds expert id 9, outside 0..3"),
+        ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only"),
+        ('{"physical_to_logical_map":[[0,1,2,3,0,1],[0,1,2,3,0,1]]}', "6 slots do not divide over 4 GPUs"),
+    ],
+)
+def test_bad_placement_files_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], text: str, message: str) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "bad.txt"
+    placement.write_text(text)
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "4" if "divide" in message else "2"]) == 2
+    assert capfd.readouterr() == ("", f"turbospark: {placement}: {message}\n")
+
+
+def test_malformed_sequence_keys_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    doc = traced(4, 2, [PASSES, []], seq=[[0, 1], []], phase=[[1, 1], []])
+    path = write_capture(tmp_path / "c.json", doc)
+    assert main(["place", path, "--gpus", "2", "--batch", "2"]) == 2
+    assert capfd.readouterr().err == f"turbospark: cannot read {path}: seq[0] has 2 entries for 9 passes\n"
