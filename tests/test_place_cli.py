@@ -99,19 +99,24 @@ def test_batches_of_concurrent_sequences() -> None:
     ids = np.array([[0], [1], [0], [2], [1], [3]])
     seq = np.array([5, 7, 5, 9, 7, 9])
     decode = np.ones(6, dtype=np.int64)
-    # Sequences by first appearance 5, 7, 9; B=2: cohort {5, 7} then {9}.
-    # Cohort 0: batch 1 = first decode passes of 5 and 7 (ids 0, 1), batch 2 = second ones (0, 1);
-    # cohort 1: (2), then (3). No prompt passes, so no iteration 0.
+    # Continuous batching, B=2: sequences 5 and 7 take the two rows at iteration 0 and run
+    # two steps each; 9 takes the first freed row at iteration 2. Iterations: (0, 1), (0, 1), (2), (3).
     assert batch_counts(ids, 4, 2, (seq, decode)).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     assert batch_counts(ids, 4, 4, None).tolist() == [[2, 1, 1, 0]]
-    # Prompt passes of a cohort's sequences form its first iteration together.
+    # A sequence's prompt passes are its first step; here each has one, so the steps are unchanged.
     phase = np.array([0, 0, 1, 0, 1, 1])
-    # Cohort {5, 7}: iteration 0 = prompts of 5 and 7 (0, 1); iteration 1 = decode (0, 1).
-    # Cohort {9}: iteration 0 = its prompt (2), iteration 1 = (3).
     assert batch_counts(ids, 4, 2, (seq, phase)).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    # Two prompt passes share one step (one prefill), then one decode pass per step.
     prompt_heavy = np.array([[0], [0], [1], [2]])
     assert batch_counts(prompt_heavy, 4, 1, (np.array([3, 3, 3, 3]), np.array([0, 0, 1, 1]))).tolist() == [
         [2, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
+
+
+def test_a_freed_row_takes_the_next_sequence() -> None:
+    # Sequences 0 (3 passes), 1 (1 pass), 2 (2 passes), B=2: 2 starts when 1 ends, at iteration 1.
+    ids = np.array([[0], [1], [0], [2], [0], [2]])
+    seq, decode = np.array([0, 1, 0, 2, 0, 2]), np.ones(6, dtype=np.int64)
+    assert batch_counts(ids, 3, 2, (seq, decode)).tolist() == [[1, 1, 0], [1, 0, 1], [1, 0, 1]]
 
 
 def test_batches_use_the_seq_key(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -7,15 +7,17 @@
 * ``batch_counts``: the counts of each serving batch of B passes in a window.
   Without sequence information, a batch is B consecutive passes (the
   recorder's pass order; a shorter tail is left out). With it (the ``seq``
-  and ``phase`` keys), a batch is what a server's iteration sees: B
-  concurrent sequences (in order of first appearance, B at a time); the
-  cohort's first iteration holds the prompt passes (phase 0) of all its
-  sequences, and iteration j >= 1 the j-th decode pass of each sequence, so
-  late batches of a cohort shrink as its sequences end.
+  and ``phase`` keys), a batch is what a server's iteration sees under
+  continuous batching with B rows: sequences, in order of first
+  appearance, each take the row that frees first; a sequence's first step
+  holds all its prompt passes (phase 0, one prefill), then each step one
+  decode pass; iteration t holds the step each running sequence is at, so
+  iterations shrink once no sequence is left to fill a freed row.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Optional
 
@@ -72,28 +74,40 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
         ids = ids[: whole * batch]
         which = np.repeat(np.arange(whole), batch)
     else:
-        seq, phase = seq
-        _, first, inverse = np.unique(seq, return_index=True, return_inverse=True)
-        rank = np.empty_like(first)
-        rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0])
-        cohort = rank[inverse] // batch
-        # Iteration 0: every prompt pass; iteration j >= 1: the j-th decode pass
-        # of the sequence in the window (a count of its earlier decode passes + 1).
-        decode = phase != 0
-        key = np.where(decode, inverse, -1)
-        order = np.argsort(key, kind="stable")
-        sorted_key = key[order]
-        starts = np.searchsorted(sorted_key, sorted_key, side="left")
-        position = np.empty(passes, dtype=np.int64)
-        position[order] = np.arange(passes) - starts + 1
-        position[~decode] = 0
-        key = cohort * (int(position.max(initial=0)) + 1) + position
-        _, which = np.unique(key, return_inverse=True)
+        which = _continuous_batches(*seq, batch)
         whole = int(which.max(initial=-1)) + 1
     if whole == 0:
         return np.zeros((0, num_experts), dtype=np.int64)
     flat = (which[:, None] * num_experts + ids).ravel()
     return np.bincount(flat, minlength=whole * num_experts).reshape(whole, num_experts)
+
+
+def _continuous_batches(seq: np.ndarray, phase: np.ndarray, batch: int) -> np.ndarray:
+    """The serving iteration of every pass under continuous batching with ``batch`` rows."""
+    _, first, inverse = np.unique(seq, return_index=True, return_inverse=True)
+    count = first.shape[0]
+    # Step of each pass within its sequence: all prompt passes in step 0 (one
+    # prefill), then one decode pass per step (from step 0 if the window holds
+    # no prompt pass of that sequence).
+    decode = phase != 0
+    has_prompt = np.zeros(count, dtype=bool)
+    has_prompt[inverse[~decode]] = True
+    key = np.where(decode, inverse, -1)
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    step = np.empty(seq.shape[0], dtype=np.int64)
+    step[order] = np.arange(seq.shape[0]) - np.searchsorted(sorted_key, sorted_key, side="left")
+    step = np.where(decode, step + has_prompt[inverse], 0)
+    length = np.zeros(count, dtype=np.int64)
+    np.maximum.at(length, inverse, step + 1)
+    # Sequences in order of first appearance take the earliest free row.
+    start = np.empty(count, dtype=np.int64)
+    free = [0] * min(batch, count)
+    for index in np.argsort(first, kind="stable").tolist():
+        at = heapq.heappop(free)
+        start[index] = at
+        heapq.heappush(free, at + int(length[index]))
+    return start[inverse] + step
 
 
 def window_sequences(seqs: Optional[Sequences], layer: int, start: int,
