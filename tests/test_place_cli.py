@@ -199,6 +199,11 @@ def test_bad_placement_files_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture
     assert capfd.readouterr() == ("", f"turbospark: {placement}: {message}\n")
 
 
+def test_gpus_without_a_placement_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", write_capture(tmp_path / "c.json", DOC), "--gpus", "2"]) == 2
+    assert capfd.readouterr() == ("", "turbospark: --gpus only applies to a --placement file\n")
+
+
 def test_malformed_sequence_keys_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     doc = traced(4, 2, [PASSES, []], seq=[[0, 1], []], phase=[[1, 1], []])
     path = write_capture(tmp_path / "c.json", doc)

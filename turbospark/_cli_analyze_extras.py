@@ -36,6 +36,8 @@ def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -
 
 def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
     """The additions asked for by ``args``, or None. Raises ``ValueError`` naming the problem."""
+    if args.gpus is not None and args.placement is None:
+        raise ValueError("--gpus only applies to a --placement file")
     if args.placement is None and args.holdout is None:
         return None
     out = Extras()
