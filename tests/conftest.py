@@ -45,7 +45,8 @@ def skip_or_fail(reason: str, *, optional_as: Optional[str] = None) -> NoReturn:
     allowed = {name.strip() for name in os.environ.get("TURBOSPARK_CI_OPTIONAL", "").split(",")}
     if in_ci() and (optional_as is None or optional_as not in allowed):
         pytest.fail(f"{reason} (CI=true: a missing dependency fails the run instead of skipping it)", pytrace=False)
-    pytest.skip(reason)
+    # allow_module_level: a test module may require its dependency at import.
+    pytest.skip(reason, allow_module_level=True)
 
 
 def require_module(name: str) -> ModuleType:
@@ -79,16 +80,6 @@ def compiled_core() -> Any:
     except ImportError:
         return None
     return _recorder.RecorderCore
-
-
-def require(module: str) -> Any:
-    """Import ``module``, or skip the test without it; under ``CI=true`` a missing module fails instead."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{module} is required under CI=true but cannot be imported: {exc}")
-        pytest.skip(f"{module} is not installed", allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)

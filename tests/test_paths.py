@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from childproc import run_script
-from conftest import require
+from conftest import require_module
 
 import turbospark
 from turbospark import _paths
@@ -108,7 +108,7 @@ def test_every_rank_of_a_launch_keeps_its_file(tmp_path: Any) -> None:
 
 
 def test_torch_distributed_rank_wins(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    torch = require("torch")
+    torch = require_module("torch")
     dist = torch.distributed
     monkeypatch.setenv("RANK", "9")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)

@@ -12,6 +12,7 @@ import pytest
 
 from turbospark.cli import main
 
+from conftest import require_module
 from placement_helpers import traced, write_capture
 
 PASSES = [[1, 0], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3]]
@@ -26,7 +27,7 @@ def placement_file(tmp_path: Path, *extra: str) -> Path:
 
 def test_series_are_the_documents_figures(tmp_path: Path, capfd: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib")
     from matplotlib.figure import Figure
 
     path = placement_file(tmp_path, "--fit", "0.5", "--batch", "2")
@@ -51,7 +52,7 @@ def test_series_are_the_documents_figures(tmp_path: Path, capfd: pytest.CaptureF
 
 
 def test_default_output_beside_the_file(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib")
     path = placement_file(tmp_path)
     assert main(["plot", "--placement", str(path)]) == 0
     assert capfd.readouterr().out.endswith(f"wrote {tmp_path / 'p.png'}\n")

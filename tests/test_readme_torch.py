@@ -6,12 +6,12 @@ import pathlib
 from typing import Any
 
 import pytest
-from conftest import require
+from conftest import require_module
 from readme_blocks import block
 
 import turbospark
 
-torch = require("torch")
+torch = require_module("torch")
 
 
 def _run(marker: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

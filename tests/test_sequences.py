@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import require
+from conftest import require_module
 from readme_blocks import block
 
 import turbospark
@@ -135,7 +135,7 @@ def test_device_tensors_point_to_the_device_path(make: Any, argument: str) -> No
 
 
 def test_cpu_tensors(make: Any) -> None:
-    torch = require("torch")
+    torch = require_module("torch")
     hist = make(1, 4, 2, trace=True)
     ids = torch.tensor([[0, 1], [-1, -1], [3, 2], [1, 1]], dtype=torch.int16)[::1]
     hist.record_batch(0, ids, seq=torch.tensor([7, 8, 9, 7]), phase="prompt",

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from childproc import run_script
-from conftest import require
+from conftest import require_module
 
-torch = require("torch")
+torch = require_module("torch")
 
 import turbospark  # noqa: E402
 from turbospark.torch import COUNTS_ONLY_CAPACITY, DEFAULT_CAPACITY, DeviceRecorder, staging_bytes  # noqa: E402
