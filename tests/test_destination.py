@@ -76,7 +76,7 @@ def test_the_constructor_rejects_a_destination_it_could_never_write(
         RouterHistogram(path, 2, 4, 2, trace=True)
     assert (info.value.errno, info.value.filename) == (code, path)
     reason = why.format(dir=os.path.dirname(path))
-    assert str(info.value) == f"[Errno {code}] cannot write the capture: {reason}: {path!r}"
+    assert str(info.value) == f"[Errno {code}] {reason}: {path!r}"
     assert sorted(tmp_path.iterdir()) == before
     assert live_count() == live  # nothing registered to be written at exit
 
@@ -86,7 +86,7 @@ def test_the_constructor_rejects_a_directory_it_may_not_write_in(read_only_dir: 
     with unprivileged(), pytest.raises(PermissionError) as info:
         RouterHistogram(path, 1, 2)
     assert str(info.value) == (
-        f"[Errno 13] cannot write the capture: no permission to create files in {str(read_only_dir)!r}: {path!r}"
+        f"[Errno 13] no permission to create files in {str(read_only_dir)!r}: {path!r}"
     )
     assert list(read_only_dir.iterdir()) == []
 
@@ -115,8 +115,8 @@ def test_from_env_warns_once_and_still_records(
     assert [(w.category, str(w.message)) for w in caught] == [
         (
             RuntimeWarning,
-            f"{HIST}={path!r}: cannot write the capture: the directory {os.path.dirname(path)!r} does not exist; "
-            "recording anyway, but the capture will be lost unless that is fixed before it is written",
+            f"{HIST}={path!r}: cannot write the capture there: the directory {os.path.dirname(path)!r} does not "
+            "exist; recording anyway, but it will be lost unless that is fixed before it is written",
         )
     ]
     assert caught[0].filename == __file__  # attributed to the caller's line

@@ -154,7 +154,7 @@ class _Facade:
             if not from_env:
                 raise
             # An environment setting must never stop a runtime: say it now, record anyway.
-            warn_caller(f"{_env.HIST}={text!r}: {exc.strerror}; recording anyway, but the capture "
+            warn_caller(f"{_env.HIST}={text!r}: cannot write the capture there: {exc.strerror}; recording anyway, but it "
                         "will be lost unless that is fixed before it is written")
         # Read (and warn about) the setting before this recorder exists, so a
         # warning turned into an error leaves nothing behind to write.
