@@ -12,43 +12,16 @@ import errno
 import os
 import pathlib
 import stat
-import tempfile
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 import turbospark.recorder
+from conftest import unprivileged
 from turbospark import RouterHistogram
 
 HIST = "TURBOSPARK_ROUTER_HIST"
-
-
-@contextlib.contextmanager
-def unprivileged() -> Iterator[None]:
-    """Root passes every permission check: act as nobody for the block (nothing to do for other users)."""
-    if os.geteuid() != 0:
-        yield
-        return
-    os.seteuid(65534)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-
-
-@pytest.fixture
-def read_only_dir() -> Iterator[pathlib.Path]:
-    """A directory nobody may create files in, reachable by everyone (pytest's tmp_path is root-only)."""
-    parent = pathlib.Path(tempfile.mkdtemp(prefix="turbospark-ro-"))
-    parent.chmod(0o755)
-    directory = parent / "ro"
-    directory.mkdir(mode=0o555)
-    directory.chmod(0o555)
-    yield directory
-    directory.chmod(0o755)
-    directory.rmdir()
-    parent.rmdir()
 
 
 def live_count() -> int:

@@ -129,7 +129,11 @@ class _Facade:
         *,
         from_env: bool,
     ) -> None:
-        """Check the configuration and start recording; ``from_env`` turns a bad destination into a warning."""
+        """Check the configuration and start recording.
+
+        With ``from_env`` (the lenient path), a bad destination, zero layers
+        and ``top_k > num_experts`` are warnings instead of errors.
+        """
         text = _path_text(path)
         layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
         experts = _whole("num_experts", num_experts, 1, 2**32)
