@@ -130,7 +130,11 @@ class _Facade:
         *,
         from_env: bool,
     ) -> None:
-        """Check the configuration and start recording; ``from_env`` turns a bad destination into a warning."""
+        """Check the configuration and start recording.
+
+        With ``from_env`` (the lenient path), a bad destination, zero layers
+        and ``top_k > num_experts`` are warnings instead of errors.
+        """
         text = _path_text(path)
         layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
         experts = _whole("num_experts", num_experts, 1, 2**32)
@@ -155,7 +159,7 @@ class _Facade:
             if not from_env:
                 raise
             # An environment setting must never stop a runtime: say it now, record anyway.
-            warn_caller(f"{_env.HIST}={text!r}: {exc.strerror}; recording anyway, but the capture "
+            warn_caller(f"{_env.HIST}={text!r}: cannot write the capture there: {exc.strerror}; recording anyway, but it "
                         "will be lost unless that is fixed before it is written")
         # Read (and warn about) the setting before this recorder exists, so a
         # warning turned into an error leaves nothing behind to write.
