@@ -120,21 +120,23 @@ ctypedef fused int_t:
 
 
 cdef Py_ssize_t _convert_strided(const int_t* first, Py_ssize_t n, Py_ssize_t stride,
-                                 uint32_t* out, uint64_t num_experts) noexcept nogil:
-    """Copy ``n`` ids to ``out``; return the position of the first out-of-range id, or -1."""
+                                 uint32_t* out, uint64_t num_experts, uint64_t* bad) noexcept nogil:
+    """Copy ``n`` ids to ``out``; return the position of the first out-of-range id (its bits in ``bad``), or -1."""
     cdef const char* base = <const char*>first
     cdef int_t value
     cdef Py_ssize_t i
     for i in range(n):
         value = (<const int_t*>(base + i * stride))[0]
         if value < 0 or <uint64_t>value >= num_experts:
+            bad[0] = <uint64_t>value
             return i
         out[i] = <uint32_t>value
     return -1
 
 
 cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssize_t stride,
-                                       uint32_t* out, uint64_t* row, uint64_t num_experts) noexcept nogil:
+                                       uint32_t* out, uint64_t* row, uint64_t num_experts,
+                                       uint64_t* bad) noexcept nogil:
     """``_convert_strided`` that also counts into ``row``, taking its counts back on a bad id."""
     cdef const char* base = <const char*>first
     cdef int_t value
@@ -142,6 +144,7 @@ cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssiz
     for i in range(n):
         value = (<const int_t*>(base + i * stride))[0]
         if value < 0 or <uint64_t>value >= num_experts:
+            bad[0] = <uint64_t>value
             for j in range(i):
                 row[out[j]] -= 1
             return i
@@ -150,22 +153,19 @@ cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssiz
     return -1
 
 
-cdef inline uint64_t _clamp(uint64_t value, uint64_t limit) noexcept nogil:
-    return value if value < limit else limit
-
-
-cdef bint _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
-                         uint64_t* tables) noexcept nogil:
+cdef Py_ssize_t _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
+                               uint64_t* tables, uint64_t* bad) noexcept nogil:
     """One pass over ``n`` contiguous ids: validate, copy to ``out`` (unless NULL), count.
 
     Counts go to four interleaved scratch tables of ``num_experts + 1`` slots
     (zeroed by the caller): one table would serialise on repeated ids, each
-    increment waiting for the previous store to the same counter. An
-    out-of-range id (a negative one too, once cast to uint64) is counted in
-    the spare last slot, so nothing is written out of bounds and the caller,
-    seeing True, merges nothing and names the bad id instead.
+    increment waiting for the previous store to the same counter. A quad
+    holding an out-of-range id (a negative one too, once cast to uint64) is
+    searched in the values this pass read, never re-read from ``src``: its
+    position is returned, its bits put in ``bad``, and the caller merges
+    nothing. Returns -1 when every id is valid.
     """
-    cdef uint64_t bad = 0
+    cdef uint64_t flagged = 0
     cdef uint64_t v0, v1, v2, v3
     cdef uint64_t width = num_experts + 1
     cdef Py_ssize_t i = 0
@@ -175,25 +175,41 @@ cdef bint _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t
         v1 = <uint64_t>src[i + 1]
         v2 = <uint64_t>src[i + 2]
         v3 = <uint64_t>src[i + 3]
-        bad |= (v0 >= num_experts) | (v1 >= num_experts) | (v2 >= num_experts) | (v3 >= num_experts)
+        flagged = (v0 >= num_experts) | (v1 >= num_experts) | (v2 >= num_experts) | (v3 >= num_experts)
+        if flagged:
+            # The values in hand, not a re-read of src: another thread may
+            # have changed it since.
+            if v0 >= num_experts:
+                bad[0] = v0
+                return i
+            if v1 >= num_experts:
+                bad[0] = v1
+                return i + 1
+            if v2 >= num_experts:
+                bad[0] = v2
+                return i + 2
+            bad[0] = v3
+            return i + 3
         if out != NULL:
             out[i] = <uint32_t>v0
             out[i + 1] = <uint32_t>v1
             out[i + 2] = <uint32_t>v2
             out[i + 3] = <uint32_t>v3
-        tables[_clamp(v0, num_experts)] += 1
-        tables[width + _clamp(v1, num_experts)] += 1
-        tables[2 * width + _clamp(v2, num_experts)] += 1
-        tables[3 * width + _clamp(v3, num_experts)] += 1
+        tables[v0] += 1
+        tables[width + v1] += 1
+        tables[2 * width + v2] += 1
+        tables[3 * width + v3] += 1
         i += 4
     while i < n:
         v0 = <uint64_t>src[i]
-        bad |= v0 >= num_experts
+        if v0 >= num_experts:
+            bad[0] = v0
+            return i
         if out != NULL:
             out[i] = <uint32_t>v0
-        tables[_clamp(v0, num_experts)] += 1
+        tables[v0] += 1
         i += 1
-    return bad != 0
+    return -1
 
 
 # Above this many experts the scratch count tables of record_many would cost
@@ -214,8 +230,7 @@ cdef int _record_many_sparse(RecorderCore self, Py_ssize_t index, cnp.ndarray ar
             raise MemoryError()
         ids = scratch
     try:
-        if _on_array(arr, CONVERT, total, cnp.PyArray_ITEMSIZE(arr), ids, NULL, self._num_experts) >= 0:
-            _convert.array_ids(arr, self._num_experts)  # raises, naming the id
+        _on_array(arr, CONVERT, total, cnp.PyArray_ITEMSIZE(arr), ids, NULL, self._num_experts)
         _recheck_k(self, width)
         for i in range(total):
             row[ids[i]] += 1
@@ -250,42 +265,61 @@ cdef enum:
 
 
 cdef inline Py_ssize_t _kernel(const int_t* data, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
-                               uint64_t* counts, uint64_t num_experts) noexcept nogil:
-    """One loop over ``n`` ids of one dtype; returns the position of a bad id (0 for CONVERT_COUNT), or -1.
+                               uint64_t* counts, uint64_t num_experts, uint64_t* bad) noexcept nogil:
+    """One loop over ``n`` ids of one dtype; returns the position of a bad id (its bits in ``bad``), or -1.
 
     CONVERT copies strided ids to ``out``; RECORD also counts them into the
     row ``counts``; CONVERT_COUNT reads contiguous ids into ``out`` (unless
     NULL) and the four scratch tables ``counts``.
     """
     if op == CONVERT:
-        return _convert_strided(data, n, stride, out, num_experts)
+        return _convert_strided(data, n, stride, out, num_experts, bad)
     if op == RECORD:
-        return _record_strided(data, n, stride, out, counts, num_experts)
-    return 0 if _convert_count(data, n, out, num_experts, counts) else -1
+        return _record_strided(data, n, stride, out, counts, num_experts, bad)
+    return _convert_count(data, n, out, num_experts, counts, bad)
 
 
 cdef Py_ssize_t _on_array(cnp.ndarray arr, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
                           uint64_t* counts, uint64_t num_experts) except -2:
-    """Run ``_kernel`` on the (native, aligned, integer) dtype of ``arr``."""
+    """Run ``_kernel`` on the (native, aligned, integer) dtype of ``arr``; raise for a bad id.
+
+    The error names the id as the kernel read it: the caller's array is never
+    read again, since another thread (or a device copy still landing) may
+    have changed it meanwhile, and a second read could find nothing wrong.
+    """
+    cdef uint64_t bad = 0
+    cdef object value
+    cdef Py_ssize_t at = _on_array_raw(arr, op, n, stride, out, counts, num_experts, &bad)
+    if at >= 0:
+        if cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr)):
+            value = <int64_t>bad
+        else:
+            value = bad
+        raise _errors.id_range(value, _convert.position((<object>arr).shape, at), num_experts)
+    return -1
+
+
+cdef Py_ssize_t _on_array_raw(cnp.ndarray arr, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
+                              uint64_t* counts, uint64_t num_experts, uint64_t* bad) except -2:
     cdef void* data = cnp.PyArray_DATA(arr)
     cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
     cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
     if itemsize == 8:
         if signed:
-            return _kernel(<const int64_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint64_t*>data, op, n, stride, out, counts, num_experts)
+            return _kernel(<const int64_t*>data, op, n, stride, out, counts, num_experts, bad)
+        return _kernel(<const uint64_t*>data, op, n, stride, out, counts, num_experts, bad)
     if itemsize == 4:
         if signed:
-            return _kernel(<const int32_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint32_t*>data, op, n, stride, out, counts, num_experts)
+            return _kernel(<const int32_t*>data, op, n, stride, out, counts, num_experts, bad)
+        return _kernel(<const uint32_t*>data, op, n, stride, out, counts, num_experts, bad)
     if itemsize == 2:
         if signed:
-            return _kernel(<const int16_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint16_t*>data, op, n, stride, out, counts, num_experts)
+            return _kernel(<const int16_t*>data, op, n, stride, out, counts, num_experts, bad)
+        return _kernel(<const uint16_t*>data, op, n, stride, out, counts, num_experts, bad)
     if itemsize == 1:
         if signed:
-            return _kernel(<const int8_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint8_t*>data, op, n, stride, out, counts, num_experts)
+            return _kernel(<const int8_t*>data, op, n, stride, out, counts, num_experts, bad)
+        return _kernel(<const uint8_t*>data, op, n, stride, out, counts, num_experts, bad)
     raise _errors.dtype(str(arr.dtype))
 
 
@@ -341,14 +375,6 @@ cdef char* _put_text(char* p, const char* text, Py_ssize_t n) noexcept nogil:
     return p + n
 
 
-cdef size_t _digits(uint64_t value) noexcept nogil:
-    cdef size_t n = 1
-    while value >= 10:
-        value //= 10
-        n += 1
-    return n
-
-
 cdef class RecorderCore:
     """Counts, trace and predictions of one capture; see ``RouterHistogram``."""
 
@@ -375,19 +401,21 @@ cdef class RecorderCore:
         self._logits = None
         self._logits_layer = -1
 
-    def __init__(self, Py_ssize_t num_layers, uint64_t num_experts, Py_ssize_t top_k,
-                 bint trace, pilot, Py_ssize_t logits_layer, uint64_t logits_pass):
+    def __init__(self, num_layers, num_experts, top_k, trace, pilot, logits_layer, logits_pass):
         if self._ready:
             raise RuntimeError("a recorder core is initialised once")
+        # Checked here, not trusted from the facade: these sizes index C arrays.
+        num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
+            num_layers, num_experts, top_k, pilot, logits_layer, logits_pass)
         self._num_layers = num_layers
         self._num_experts = num_experts
         self._top_k = top_k
         self._pred_k = 0
-        self._counts = <uint64_t*>calloc(max(num_layers * num_experts, 1), sizeof(uint64_t))
-        self._passes = <uint64_t*>calloc(max(num_layers, 1), sizeof(uint64_t))
+        self._counts = <uint64_t*>calloc(max(self._num_layers * self._num_experts, 1), sizeof(uint64_t))
+        self._passes = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
         if self._counts == NULL or self._passes == NULL:
             raise MemoryError()
-        if trace:
+        if bool(trace):
             self._trace = self._new_rows()
         if pilot is not None:
             self._pred = self._new_rows()
@@ -481,8 +509,7 @@ cdef class RecorderCore:
         if tables == NULL:
             raise MemoryError()
         try:
-            if _on_array(arr, CONVERT_COUNT, total, 0, ids, tables, self._num_experts) >= 0:
-                _convert.array_ids(arr, self._num_experts)  # raises, naming the id
+            _on_array(arr, CONVERT_COUNT, total, 0, ids, tables, self._num_experts)
             _recheck_k(self, width)
             _merge_counts(self._counts + index * self._num_experts, tables, self._num_experts)
             _commit_block(self, index, rows, width)
@@ -546,7 +573,10 @@ cdef class RecorderCore:
     def json_document(self, bytes tail):
         """The JSON document up to ``router_logits``, followed by ``tail``."""
         cdef size_t bound = 160 + len(tail)
-        cdef size_t id_width = _digits(self._num_experts) + 1
+        # Room for any id a uint32 buffer can hold (10 digits and a comma),
+        # not just those below num_experts: the writer never trusts that
+        # every committed id was checked.
+        cdef size_t id_width = 11
         cdef Py_ssize_t layer
         cdef uint64_t e
         cdef char* buf
@@ -726,12 +756,9 @@ cdef inline Py_ssize_t _convert_fast(RecorderCore self, object selected, int kin
     Returns n, or fewer (having counted nothing) when some id needs the slow
     path; raises, having counted nothing, for an array with a bad id.
     """
-    cdef Py_ssize_t bad
     if kind == ARRAY:
-        bad = _on_array(<cnp.ndarray>selected, CONVERT if row == NULL else RECORD, n,
-                        cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0), dest, row, self._num_experts)
-        if bad >= 0:
-            _convert.array_ids(selected, self._num_experts)  # raises, naming the id
+        _on_array(<cnp.ndarray>selected, CONVERT if row == NULL else RECORD, n,
+                  cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0), dest, row, self._num_experts)
         return n
     return ts_record_ints(PySequence_Fast_ITEMS(selected), n, self._num_experts, dest, row)
 

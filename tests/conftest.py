@@ -8,7 +8,8 @@ that compare the two cores in one process use ``cores``.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -63,3 +64,18 @@ def cores() -> tuple[Any, Any]:
     if core is None:
         pytest.skip("the compiled core is not built")
     return recorder_class(core), recorder_class(_recorder_py.RecorderCore)
+
+
+@pytest.fixture
+def interleave() -> Iterator[None]:
+    """Switch threads as often as CPython allows, for the length of the test."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+@pytest.fixture(params=["compiled", "python", "default"])
+def cls(request: pytest.FixtureRequest, cores: tuple[Any, Any]) -> Any:
+    """Each RouterHistogram class in turn: on the compiled core, on the pure-Python core, the package's choice."""
+    return {"compiled": cores[0], "python": cores[1], "default": turbospark.RouterHistogram}[request.param]

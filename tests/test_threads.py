@@ -10,16 +10,14 @@ threads interleave inside calls as much as CPython allows.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
-import turbospark
 
 THREADS = 6
 PASSES = 800  # per thread
@@ -27,18 +25,7 @@ K = 3
 EXPERTS = 64
 
 
-@pytest.fixture(autouse=True)
-def _interleave() -> Iterator[None]:
-    """Switch threads as often as CPython allows, for the length of the test."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(previous)
-
-
-@pytest.fixture(params=["compiled", "python", "default"])
-def cls(request: pytest.FixtureRequest, cores: tuple[Any, Any]) -> Any:
-    return {"compiled": cores[0], "python": cores[1], "default": turbospark.RouterHistogram}[request.param]
+pytestmark = pytest.mark.usefixtures("interleave")
 
 
 def rows_of(thread: int) -> list[list[int]]:

@@ -10,16 +10,58 @@ things with the same messages.
 from __future__ import annotations
 
 import operator
+import sys
 from array import array
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from . import _errors
 
 _BOOLS = (bool, np.bool_)
+PILOTS = (None, "next", "self")
+# Layers and top_k index C arrays: keep them far from any platform's limits.
+MAX_SIZE = 2**31 - 1
 ONE_D = "1-D"
 TWO_D = "a 2-D (n, top_k) array"
+
+
+def whole(name: str, value: Any, minimum: int, maximum: Optional[int] = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; raise TypeError or ValueError naming ``name``."""
+    if isinstance(value, _BOOLS):
+        raise TypeError(f"{name} must be an integer, got bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {number}")
+    return number
+
+
+def core_arguments(
+    num_layers: Any, num_experts: Any, top_k: Any, pilot: Any, logits_layer: Any, logits_pass: Any
+) -> tuple[int, int, int, int, int]:
+    """A recorder core's sizes, checked whatever calls it: (layers, experts, top_k, logits layer, logits pass).
+
+    Raises TypeError/ValueError for a value out of range, and MemoryError when
+    the count matrix (num_layers x num_experts counters of 8 bytes) cannot be
+    addressed at all, so no product the core computes can overflow.
+    """
+    layers = whole("num_layers", num_layers, 0, MAX_SIZE)
+    experts = whole("num_experts", num_experts, 1, 2**32)
+    k = whole("top_k", top_k, 0, MAX_SIZE)
+    if pilot not in PILOTS:
+        raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
+    logits_at = whole("router_logits layer", logits_layer, -1, layers - 1)
+    pass_ = whole("router_logits pass", logits_pass, 0, 2**64 - 1)
+    if layers * experts > sys.maxsize // 8:
+        raise MemoryError(
+            f"a count matrix of {layers} layers x {experts} experts does not fit in this process's address space"
+        )
+    return layers, experts, k, logits_at, pass_
 
 
 def check_layer(layer: Any, num_layers: int) -> int:
@@ -121,17 +163,23 @@ def position(shape: tuple[int, ...], flat: int) -> Any:
 
 
 def array_ids(arr: np.ndarray, num_experts: int) -> np.ndarray:
-    """Range-check an integer or object array of any shape; return its ids as C-ordered uint32."""
+    """Range-check an integer or object array of any shape; return its ids as C-ordered uint32.
+
+    The caller's array is read once, into a private copy, and everything
+    after (the check, the message, the result) comes from that copy: another
+    thread may change the caller's array at any time.
+    """
     if arr.dtype.kind == "O":
         flat_values = arr.ravel().tolist()
         for flat, value in enumerate(flat_values):
             check_id(value, position(arr.shape, flat), num_experts)
         return np.array(flat_values, dtype=np.uint32).reshape(arr.shape)
-    bad = (arr < 0) | (arr >= num_experts)
+    copy = np.array(arr, order="C", copy=True)
+    bad = (copy < 0) | (copy >= num_experts)
     if bad.any():
         flat = int(np.flatnonzero(bad.ravel())[0])
-        raise _errors.id_range(int(arr.ravel()[flat]), position(arr.shape, flat), num_experts)
-    return np.ascontiguousarray(arr, dtype=np.uint32)
+        raise _errors.id_range(int(copy.ravel()[flat]), position(copy.shape, flat), num_experts)
+    return copy.astype(np.uint32)
 
 
 def sequence_ids(items: Any, num_experts: int) -> list[int]:

@@ -81,11 +81,14 @@ class RecorderCore:
     ) -> None:
         if hasattr(self, "_state"):
             raise RuntimeError("a recorder core is initialised once")
+        num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
+            num_layers, num_experts, top_k, pilot, logits_layer, logits_pass
+        )
         self._num_layers = num_layers
         self._num_experts = num_experts
         layers = (_Layer((0,) * num_experts, 0, 0, 0),) * num_layers if num_layers else ()
         self._state = _State(top_k, 0, layers)
-        self._trace = [array("I") for _ in range(num_layers)] if trace else None
+        self._trace = [array("I") for _ in range(num_layers)] if bool(trace) else None
         self._pred = [array("I") for _ in range(num_layers)] if pilot is not None else None
         self._self_test = pilot == "self"
         self._logits_layer = logits_layer

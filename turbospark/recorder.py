@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import operator
 import os
 import sys
 import threading
@@ -22,6 +21,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import _env, _sigterm
+from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._f32display import format_f32_row
@@ -37,25 +37,6 @@ _interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _writing: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # Re-entrant: a garbage collection inside the lock may run __del__ -> close().
 _live_lock = threading.RLock()
-
-_PILOTS = (None, "next", "self")
-# Layers and top_k index C arrays: keep them far from any platform's limits.
-_MAX_SIZE = 2**31 - 1
-
-
-def _whole(name: str, value: Any, minimum: int, maximum: Optional[int] = None) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if number < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {number}")
-    if maximum is not None and number > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {number}")
-    return number
-
 
 def _path_text(path: Any) -> str:
     try:
