@@ -101,6 +101,32 @@ def is_array_like(obj: Any) -> bool:
     return True
 
 
+_tensor_types: dict[type, bool] = {}
+
+
+def is_tensor(obj: Any) -> bool:
+    """True for a torch tensor (or subclass), found by its class's name: torch is never imported here."""
+    kind = type(obj)
+    found = _tensor_types.get(kind)
+    if found is None:
+        found = any(
+            getattr(base, "__module__", None) == "torch" and base.__name__ == "Tensor" for base in kind.__mro__
+        )
+        _tensor_types[kind] = found
+    return found
+
+
+def tensor_array(tensor: Any, what: str = "expert ids") -> np.ndarray:
+    """A CPU tensor's data as an ndarray sharing its memory; TypeError for another device or a float dtype."""
+    device = tensor.device
+    if device.type != "cpu":
+        raise _errors.device(what, device)
+    name = str(tensor.dtype).replace("torch.", "")
+    if not (name == "bool" or name.startswith(("int", "uint"))):
+        raise _errors.dtype(name)
+    return tensor.numpy()  # type: ignore[no-any-return]
+
+
 def is_iterable_selection(obj: Any) -> bool:
     """True for iterables that are not text, which are read id by id."""
     return hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes))
@@ -110,6 +136,8 @@ def as_array(selected: Any, wanted: str) -> np.ndarray:
     """``selected`` as an integer (or object) ndarray of the wanted rank; raise TypeError or ValueError."""
     if isinstance(selected, np.ndarray):
         arr = selected
+    elif is_tensor(selected):
+        arr = tensor_array(selected)
     else:
         try:
             arr = np.asarray(selected)
@@ -147,6 +175,21 @@ def _holds_bool(selected: Any) -> bool:
     return False
 
 
+def mask_rows(mask: Any, rows: int) -> np.ndarray:
+    """A private copy of a row mask as a bool ndarray of ``rows`` entries; raise TypeError or ValueError."""
+    if is_tensor(mask):
+        values = tensor_array(mask, "mask values")
+    elif isinstance(mask, (np.ndarray, list, tuple)):
+        values = np.asarray(mask)
+    else:
+        raise _errors.mask_type(mask)
+    if values.dtype != np.bool_ and not (values.size == 0 and isinstance(mask, (list, tuple))):
+        raise _errors.mask_type(mask)
+    if values.ndim != 1 or values.shape[0] != rows:
+        raise _errors.mask_shape(values.shape, rows)
+    return np.array(values, dtype=np.bool_, copy=True)
+
+
 def check_length(got: int, expected: int) -> None:
     """Raise ValueError for an empty selection, or one whose length is not the known top_k."""
     if got == 0:
@@ -155,14 +198,30 @@ def check_length(got: int, expected: int) -> None:
         raise _errors.length(got, expected)
 
 
-def position(shape: tuple[int, ...], flat: int) -> Any:
-    """The index of flat element ``flat`` as users see it: an int in 1-D, (row, column) in 2-D."""
+def position(shape: tuple[int, ...], flat: int, rows: Optional[list[int]] = None) -> Any:
+    """The index of flat element ``flat`` as users see it: an int in 1-D, (row, column) in 2-D.
+
+    ``rows`` maps the block's rows to the caller's (a masked block holds only some of them).
+    """
     if len(shape) == 1:
         return flat
-    return (flat // shape[1], flat % shape[1])
+    row = flat // shape[1]
+    return (row if rows is None else rows[row], flat % shape[1])
 
 
-def array_ids(arr: np.ndarray, num_experts: int) -> np.ndarray:
+def block_ids(arr: np.ndarray, num_experts: int, mask: Any) -> np.ndarray:
+    """``array_ids`` of the rows of a 2-D block that ``mask`` selects (all rows without a mask).
+
+    A bad id is named by its row in the caller's block.
+    """
+    if mask is None:
+        return array_ids(arr, num_experts)
+    keep = np.flatnonzero(mask_rows(mask, arr.shape[0]))
+    # Fancy indexing copies: the selected rows are read once, here.
+    return array_ids(arr[keep], num_experts, keep.tolist())
+
+
+def array_ids(arr: np.ndarray, num_experts: int, rows: Optional[list[int]] = None) -> np.ndarray:
     """Range-check an integer or object array of any shape; return its ids as C-ordered uint32.
 
     The caller's array is read once, into a private copy, and everything
@@ -172,13 +231,13 @@ def array_ids(arr: np.ndarray, num_experts: int) -> np.ndarray:
     if arr.dtype.kind == "O":
         flat_values = arr.ravel().tolist()
         for flat, value in enumerate(flat_values):
-            check_id(value, position(arr.shape, flat), num_experts)
+            check_id(value, position(arr.shape, flat, rows), num_experts)
         return np.array(flat_values, dtype=np.uint32).reshape(arr.shape)
     copy = np.array(arr, order="C", copy=True)
     bad = (copy < 0) | (copy >= num_experts)
     if bad.any():
         flat = int(np.flatnonzero(bad.ravel())[0])
-        raise _errors.id_range(int(copy.ravel()[flat]), position(copy.shape, flat), num_experts)
+        raise _errors.id_range(int(copy.ravel()[flat]), position(copy.shape, flat, rows), num_experts)
     return copy.astype(np.uint32)
 
 

@@ -167,17 +167,19 @@ class RecorderCore:
                 counts[expert] += 1
             self._add_selection(state, index, ids, 1, tuple(counts))
 
-    def record_many(self, layer: Any, selected: Any) -> None:
+    def _block(self, layer: Any, selected: Any, mask: Any) -> tuple[int, _State, np.ndarray]:
+        """Validate a block call: (layer index, state, the selected rows' ids as a private uint32 copy)."""
+        index, state = self._begin(layer)
+        if not (isinstance(selected, (np.ndarray, list, tuple)) or _convert.is_array_like(selected)):
+            raise _errors.selection_type(selected)
+        arr = _convert.as_array(selected, _convert.TWO_D)
+        _convert.check_length(arr.shape[1], state.top_k or state.pred_k)
+        return index, state, _convert.block_ids(arr, self._num_experts, mask)
+
+    def record_many(self, layer: Any, selected: Any, mask: Any = None) -> None:
         with self._lock:
-            index, state = self._begin(layer)
-            if not (
-                isinstance(selected, (np.ndarray, list, tuple)) or _convert.is_array_like(selected)
-            ):
-                raise _errors.selection_type(selected)
-            arr = _convert.as_array(selected, _convert.TWO_D)
-            rows, width = arr.shape
-            _convert.check_length(width, state.top_k or state.pred_k)
-            ids = _convert.array_ids(arr, self._num_experts)
+            index, state, ids = self._block(layer, selected, mask)
+            rows = ids.shape[0]
             if rows == 0:
                 return
             added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
@@ -189,14 +191,25 @@ class RecorderCore:
             index, state = self._begin(layer)
             expected = state.top_k or state.pred_k
             ids = _selection(predicted, expected, self._num_experts)
-            state = self._recheck(len(ids))
-            expected = state.top_k or state.pred_k
-            if self._pred is None:
-                return
-            current = state.layers[index]
-            _append(self._pred[index], current.pred_len, ids)
-            pred_k = len(ids) if expected == 0 else state.pred_k
-            self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
+            self._add_predictions(index, ids)
+
+    def record_prediction_many(self, layer: Any, predicted: Any, mask: Any = None) -> None:
+        with self._lock:
+            index, _, ids = self._block(layer, predicted, mask)
+            if ids.shape[0]:
+                self._add_predictions(index, array("I", ids.tobytes()), ids.shape[1])
+
+    def _add_predictions(self, index: int, ids: array, width: int = 0) -> None:
+        """Append validated predictions (rows of ``width`` ids; one row when 0) and commit."""
+        width = width or len(ids)
+        state = self._recheck(width)
+        expected = state.top_k or state.pred_k
+        if self._pred is None:
+            return
+        current = state.layers[index]
+        _append(self._pred[index], current.pred_len, ids)
+        pred_k = width if expected == 0 else state.pred_k
+        self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
 
     def record_router_logits(self, layer: Any, logits: Any) -> None:
         with self._lock:

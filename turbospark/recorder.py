@@ -175,6 +175,16 @@ class _Facade:
             return
         self._write_and_report()
 
+    def discard(self) -> None:
+        """Stop recording without writing anything; idempotent, never raises.
+
+        Later records raise ``ValueError`` as after ``close()``; ``to_json()``
+        and ``write(path)`` still give what was recorded.
+        """
+        self._mark_closed()  # type: ignore[attr-defined]
+        with _live_lock:
+            _live.discard(self)
+
     def _write_and_report(self) -> None:
         with _live_lock:
             _writing.add(self)
