@@ -207,6 +207,7 @@ cdef inline void _commit_block(RecorderCore self, Py_ssize_t index, Py_ssize_t r
         self._trace[index].len += rows * width
         _prefault(&self._trace[index])
     self._passes[index] += rows
+    self._commits += 1
 
 
 cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_experts) noexcept nogil:
@@ -288,6 +289,10 @@ cdef class RecorderCore:
     cdef object _logits
     cdef bint _closed
     cdef bint _ready
+    # Commits that changed the counts, and the snapshot last handed out.
+    cdef uint64_t _commits
+    cdef uint64_t _cached_at
+    cdef object _counts_cache
 
     def __cinit__(self, *args, **kwargs):
         self._counts = NULL
@@ -379,6 +384,8 @@ cdef class RecorderCore:
 
     def record_router_logits(self, layer, logits):
         cdef Py_ssize_t index, got
+        if self._logits_layer < 0:
+            return  # no row requested: free, as the reference's call is
         if self._closed:
             raise _errors.closed()
         index = _layer_index(self, layer)
@@ -404,34 +411,42 @@ cdef class RecorderCore:
         self._closed = True
         return was_open
 
-    def counts_array(self):
-        cdef cnp.ndarray out = np.empty((self._num_layers, self._num_experts), dtype=np.uint64)
+    def _counts_snapshot(self):
+        """The counts as a read-only int64 array, copied only when a pass was recorded since the last one."""
+        cdef cnp.ndarray out
+        if self._counts_cache is not None and self._cached_at == self._commits:
+            return self._counts_cache
+        # int64 like a loaded Capture's counts; no count can reach 2**63.
+        out = np.empty((self._num_layers, self._num_experts), dtype=np.int64)
         memcpy(cnp.PyArray_DATA(out), self._counts, self._num_layers * self._num_experts * sizeof(uint64_t))
+        out.setflags(write=False)
+        self._counts_cache = out
+        self._cached_at = self._commits
         return out
 
-    def passes_array(self):
-        cdef cnp.ndarray out = np.empty(self._num_layers, dtype=np.uint64)
+    def _passes_array(self):
+        cdef cnp.ndarray out = np.empty(self._num_layers, dtype=np.int64)
         memcpy(cnp.PyArray_DATA(out), self._passes, self._num_layers * sizeof(uint64_t))
         return out
 
-    def trace_array(self, layer):
+    def _trace_array(self, layer):
         cdef Py_ssize_t index = _layer_index(self, layer)
         if self._trace == NULL:
             return None
         return _rows_array(&self._trace[index], self._top_k)
 
-    def predictions_array(self, layer):
+    def _predictions_array(self, layer):
         cdef Py_ssize_t index = _layer_index(self, layer)
         if self._pred == NULL:
             return None
         return _rows_array(&self._pred[index], self._top_k or self._pred_k)
 
-    def logits_capture(self):
+    def _logits_capture(self):
         if self._logits_layer < 0:
             return None
         return (self._logits_layer, self._logits_pass, self._logits)
 
-    def json_document(self, bytes tail):
+    def _json_document(self, bytes tail):
         """The JSON document up to ``router_logits``, followed by ``tail``."""
         cdef size_t bound = 160 + len(tail)
         # Room for any id a uint32 buffer can hold (10 digits and a comma),
@@ -694,6 +709,7 @@ cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uin
     if self._top_k == 0:
         self._top_k = n
     self._passes[index] += 1
+    self._commits += 1
     return 0
 
 

@@ -64,7 +64,7 @@ def make(tmp_path: Any) -> Callable[..., Any]:
 
     yield factory
     for recorder in made:
-        recorder._mark_closed()
+        recorder.discard()
 
 
 @pytest.fixture

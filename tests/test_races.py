@@ -114,7 +114,7 @@ def test_an_id_flipped_by_another_thread(cls: Any, tmp_path: Any, name: str, dty
     finally:
         stop.set()
         thread.join()
-        hist._mark_closed()
+        hist.discard()
     # Both outcomes happened, so the race was really run.
     assert recorded > 0 and refused > 0
     _check(name, hist, rows, recorded, experts)
@@ -149,4 +149,4 @@ def test_a_recheck_that_finds_the_array_fixed(cls: Any, tmp_path: Any, monkeypat
                 recorded += 1
         _check(name, hist, rows, recorded, experts)
     finally:
-        hist._mark_closed()
+        hist.discard()

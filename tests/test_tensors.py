@@ -219,3 +219,25 @@ def test_random_masked_blocks_equal_their_filtered_copies(cls: Any, tmp_path: An
     finally:
         ours.discard()
         ref.discard()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+def test_a_logit_row_tensor_of_any_float_dtype_is_captured(cls: Any, tmp_path: Any, dtype: str) -> None:
+    hist = cls(str(tmp_path / "l.json"), 1, 4, router_logits=(0, 0))
+    try:
+        hist.record_router_logits(0, torch.tensor([1.5, -2.0, 0.25, 3.0], dtype=getattr(torch, dtype)))
+        assert hist.to_json().endswith('"router_logits":{"layer":0,"pass":0,"values":[1.5,-2,0.25,3]}}')
+    finally:
+        hist.discard()
+
+
+def test_a_logit_row_on_another_device_points_to_the_device_path(cls: Any, tmp_path: Any) -> None:
+    hist = cls(str(tmp_path / "l.json"), 1, 4, router_logits=(0, 0))
+    try:
+        assert _fail(lambda: hist.record_router_logits(0, torch.zeros(4, device="meta"))) == (
+            "TypeError",
+            "router logits are a tensor on device meta, and the recorder reads host memory: record device "
+            "tensors through turbospark.torch, which stages them without a host sync (or pass a CPU copy)",
+        )
+    finally:
+        hist.discard()

@@ -120,7 +120,7 @@ def test_threads_lose_nothing(cls: Any, tmp_path: Any, how: str, layers: str) ->
         run_threads(lambda t: record_rows(hist, layer_of(t), rows_of(t), how, t))
         check_capture(hist, {(layer_of(t), t): rows_of(t) for t in range(THREADS)})
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_threads_lose_no_prediction(cls: Any, tmp_path: Any) -> None:
@@ -141,7 +141,7 @@ def test_threads_lose_no_prediction(cls: Any, tmp_path: Any) -> None:
         assert hist.predictions(0).shape == (0, K)
         check_capture(hist, {(t % 2, t): rows_of(t) for t in range(THREADS)})
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_threads_racing_to_set_top_k_agree_on_one(cls: Any, tmp_path: Any) -> None:
@@ -180,7 +180,7 @@ def test_threads_racing_to_set_top_k_agree_on_one(cls: Any, tmp_path: Any) -> No
         assert hist.counts[0].tolist() == np.bincount(trace.ravel(), minlength=EXPERTS).tolist()
         assert hist.predictions(0).shape[1] == width
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_snapshots_taken_while_threads_record_are_consistent(cls: Any, tmp_path: Any) -> None:
@@ -205,7 +205,7 @@ def test_snapshots_taken_while_threads_record_are_consistent(cls: Any, tmp_path:
                 assert doc["counts"][layer] == np.bincount(np.array(trace, dtype=np.int64), minlength=EXPERTS).tolist()
         assert snapshots[-1] == hist.to_json()
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 class _Parked:
@@ -344,8 +344,8 @@ def test_a_call_that_returns_is_in_the_capture_close_writes(cls: Any, tmp_path: 
             assert written == before_ref.to_json()
         assert capfd.readouterr().err == f"[router-hist] wrote {path}\n"
     finally:
-        before_ref._mark_closed()
-        after_ref._mark_closed()
+        before_ref.discard()
+        after_ref.discard()
 
 
 def test_closing_while_threads_record(cls: Any, tmp_path: Any, capfd: Any) -> None:

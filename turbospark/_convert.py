@@ -254,7 +254,16 @@ def sequence_ids(items: Any, num_experts: int) -> list[int]:
 
 
 def logit_row(logits: Any, num_experts: int) -> array:
-    """One router-logit row as float32 values; raise TypeError or ValueError."""
+    """One router-logit row as float32 values; raise TypeError or ValueError.
+
+    Takes numbers in any form numpy reads, and CPU tensors of any float
+    dtype (bfloat16 included, which numpy cannot hold: widened by torch).
+    """
+    if is_tensor(logits):
+        if logits.device.type != "cpu":
+            raise _errors.device("router logits", logits.device)
+        if logits.is_floating_point() and logits.dtype.itemsize < 4:
+            logits = logits.float()
     try:
         values = np.asarray(logits)
     except (TypeError, ValueError):

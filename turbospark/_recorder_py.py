@@ -96,6 +96,7 @@ class RecorderCore:
         self._logits: Optional[array] = None
         self._closed = False
         self._lock = threading.RLock()
+        self._counts_cache: Optional[tuple[tuple[_Layer, ...], np.ndarray]] = None
 
     def _after_fork_in_child(self) -> None:
         # A lock another thread held at fork() time stays held in the child.
@@ -212,6 +213,8 @@ class RecorderCore:
         self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
 
     def record_router_logits(self, layer: Any, logits: Any) -> None:
+        if self._logits_layer < 0:
+            return  # no row requested: free, as the reference's call is
         with self._lock:
             index, state = self._begin(layer)
             got = _convert.logits_length(logits)
@@ -232,33 +235,42 @@ class RecorderCore:
             self._closed = True
             return was_open
 
-    def counts_array(self) -> np.ndarray:
-        rows = [layer.counts for layer in self._state.layers]
-        return np.array(rows, dtype=np.uint64).reshape(self._num_layers, self._num_experts)
+    def _counts_snapshot(self) -> np.ndarray:
+        """The counts as a read-only int64 array, rebuilt only when the state changed since the last one."""
+        layers = self._state.layers
+        cached = self._counts_cache
+        if cached is not None and cached[0] is layers:
+            return cached[1]
+        counts = np.array([layer.counts for layer in layers], dtype=np.int64).reshape(
+            self._num_layers, self._num_experts
+        )
+        counts.setflags(write=False)
+        self._counts_cache = (layers, counts)
+        return counts
 
-    def passes_array(self) -> np.ndarray:
-        return np.array([layer.passes for layer in self._state.layers], dtype=np.uint64)
+    def _passes_array(self) -> np.ndarray:
+        return np.array([layer.passes for layer in self._state.layers], dtype=np.int64)
 
-    def trace_array(self, layer: Any) -> Optional[np.ndarray]:
+    def _trace_array(self, layer: Any) -> Optional[np.ndarray]:
         index = _convert.check_layer(layer, self._num_layers)
         state = self._state
         if self._trace is None:
             return None
         return _rows(self._trace[index][: state.layers[index].trace_len], state.top_k)
 
-    def predictions_array(self, layer: Any) -> Optional[np.ndarray]:
+    def _predictions_array(self, layer: Any) -> Optional[np.ndarray]:
         index = _convert.check_layer(layer, self._num_layers)
         state = self._state
         if self._pred is None:
             return None
         return _rows(self._pred[index][: state.layers[index].pred_len], state.top_k or state.pred_k)
 
-    def logits_capture(self) -> Optional[tuple[int, int, Optional[array]]]:
+    def _logits_capture(self) -> Optional[tuple[int, int, Optional[array]]]:
         if self._logits_layer < 0:
             return None
         return (self._logits_layer, self._logits_pass, self._logits)
 
-    def json_document(self, tail: bytes) -> bytes:
+    def _json_document(self, tail: bytes) -> bytes:
         """The JSON document up to ``router_logits``, followed by ``tail``."""
         state = self._state  # one consistent snapshot, whatever runs meanwhile
         num_experts = self._num_experts if self._num_layers else 0

@@ -127,31 +127,36 @@ class _Facade:
 
     @property
     def counts(self) -> np.ndarray:
-        """A copy of the counts: (num_layers, num_experts) uint64."""
-        return self.counts_array()  # type: ignore[attr-defined, no-any-return]
+        """The counts so far: a read-only (num_layers, num_experts) int64 snapshot.
+
+        int64, as a loaded ``Capture``'s counts, so the two subtract exactly.
+        Reading it again without recording in between returns the same array
+        (no copy); a later record never changes a snapshot already taken.
+        """
+        return self._counts_snapshot()  # type: ignore[attr-defined, no-any-return]
 
     @property
     def passes(self) -> np.ndarray:
-        """A copy of the routed-pass count of each layer: (num_layers,) uint64."""
-        return self.passes_array()  # type: ignore[attr-defined, no-any-return]
+        """A copy of the routed-pass count of each layer: (num_layers,) int64."""
+        return self._passes_array()  # type: ignore[attr-defined, no-any-return]
 
     def trace(self, layer: int) -> Optional[np.ndarray]:
         """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off."""
-        return self.trace_array(layer)  # type: ignore[attr-defined, no-any-return]
+        return self._trace_array(layer)  # type: ignore[attr-defined, no-any-return]
 
     def predictions(self, layer: int) -> Optional[np.ndarray]:
         """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
-        return self.predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
+        return self._predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
 
     def _document(self) -> bytes:
-        capture = self.logits_capture()  # type: ignore[attr-defined]
+        capture = self._logits_capture()  # type: ignore[attr-defined]
         if capture is None:
             tail = b"}"
         else:
             layer, pass_, values = capture
             row = "null" if values is None else format_f32_row(values)
             tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}}}'.encode("ascii")
-        return self.json_document(tail)  # type: ignore[attr-defined, no-any-return]
+        return self._json_document(tail)  # type: ignore[attr-defined, no-any-return]
 
     def to_json(self) -> str:
         """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
