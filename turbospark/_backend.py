@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
-if os.environ.get("TURBOSPARK_PUREPYTHON"):
+if TYPE_CHECKING:
+    # Type checkers see the compiled core's stub (_recorder.pyi): the precise
+    # interface both cores implement (_types.RecorderCoreAPI).
+    from ._recorder import RecorderCore
+
+    BACKEND: str
+elif os.environ.get("TURBOSPARK_PUREPYTHON"):
     from ._recorder_py import RecorderCore
 
     BACKEND = "python"
 else:
     try:
-        from ._recorder import RecorderCore  # type: ignore[no-redef]
+        from ._recorder import RecorderCore
 
         BACKEND = "cython"
     except ImportError as exc:
@@ -26,7 +33,7 @@ else:
             RuntimeWarning,
             stacklevel=2,
         )
-        from ._recorder_py import RecorderCore  # type: ignore[assignment]
+        from ._recorder_py import RecorderCore
 
         BACKEND = "python"
 

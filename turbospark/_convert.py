@@ -253,7 +253,7 @@ def sequence_ids(items: Any, num_experts: int) -> list[int]:
     return ids
 
 
-def logit_row(logits: Any, num_experts: int) -> array:
+def logit_row(logits: Any, num_experts: int) -> array[float]:
     """One router-logit row as float32 values; raise TypeError or ValueError.
 
     Takes numbers in any form numpy reads, and CPU tensors of any float

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import threading
 from array import array
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, SupportsIndex
 
 import numpy as np
 
 from . import _convert, _errors
+from ._types import LogitRow, RowMask, SelectedBlock, SelectedIds
 
 
-def _selection(selected: Any, expected: int, num_experts: int) -> array:
+def _selection(selected: Any, expected: int, num_experts: int) -> array[int]:
     """Validate one pass's ids; return them as a uint32 array, or raise."""
     if isinstance(selected, (list, tuple)):
         items = selected
@@ -93,7 +94,7 @@ class RecorderCore:
         self._self_test = pilot == "self"
         self._logits_layer = logits_layer
         self._logits_pass = logits_pass
-        self._logits: Optional[array] = None
+        self._logits: Optional[array[float]] = None
         self._closed = False
         self._lock = threading.RLock()
         self._counts_cache: Optional[tuple[tuple[_Layer, ...], np.ndarray]] = None
@@ -148,7 +149,7 @@ class RecorderCore:
         layers = state.layers
         self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :])
 
-    def _add_selection(self, state: _State, index: int, ids: array, rows: int, counts: tuple[int, ...]) -> None:
+    def _add_selection(self, state: _State, index: int, ids: array[int], rows: int, counts: tuple[int, ...]) -> None:
         """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``) and commit."""
         layer = state.layers[index]
         trace_len = layer.trace_len
@@ -158,7 +159,7 @@ class RecorderCore:
         top_k = state.top_k or len(ids) // rows
         self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows), top_k, state.pred_k)
 
-    def record(self, layer: Any, selected: Any) -> None:
+    def record(self, layer: SupportsIndex, selected: SelectedIds) -> None:
         with self._lock:
             index, state = self._begin(layer)
             ids = _selection(selected, state.top_k or state.pred_k, self._num_experts)
@@ -177,7 +178,7 @@ class RecorderCore:
         _convert.check_length(arr.shape[1], state.top_k or state.pred_k)
         return index, state, _convert.block_ids(arr, self._num_experts, mask)
 
-    def record_many(self, layer: Any, selected: Any, mask: Any = None) -> None:
+    def record_many(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> None:
         with self._lock:
             index, state, ids = self._block(layer, selected, mask)
             rows = ids.shape[0]
@@ -187,20 +188,22 @@ class RecorderCore:
             counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
             self._add_selection(state, index, array("I", ids.tobytes()), rows, counts)
 
-    def record_prediction(self, layer: Any, predicted: Any) -> None:
+    def record_prediction(self, layer: SupportsIndex, predicted: SelectedIds) -> None:
         with self._lock:
             index, state = self._begin(layer)
             expected = state.top_k or state.pred_k
             ids = _selection(predicted, expected, self._num_experts)
             self._add_predictions(index, ids)
 
-    def record_prediction_many(self, layer: Any, predicted: Any, mask: Any = None) -> None:
+    def record_prediction_many(
+        self, layer: SupportsIndex, predicted: SelectedBlock, mask: Optional[RowMask] = None
+    ) -> None:
         with self._lock:
             index, _, ids = self._block(layer, predicted, mask)
             if ids.shape[0]:
                 self._add_predictions(index, array("I", ids.tobytes()), ids.shape[1])
 
-    def _add_predictions(self, index: int, ids: array, width: int = 0) -> None:
+    def _add_predictions(self, index: int, ids: array[int], width: int = 0) -> None:
         """Append validated predictions (rows of ``width`` ids; one row when 0) and commit."""
         width = width or len(ids)
         state = self._recheck(width)
@@ -212,7 +215,7 @@ class RecorderCore:
         pred_k = width if expected == 0 else state.pred_k
         self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
 
-    def record_router_logits(self, layer: Any, logits: Any) -> None:
+    def record_router_logits(self, layer: SupportsIndex, logits: LogitRow) -> None:
         if self._logits_layer < 0:
             return  # no row requested: free, as the reference's call is
         with self._lock:
@@ -265,7 +268,7 @@ class RecorderCore:
             return None
         return _rows(self._pred[index][: state.layers[index].pred_len], state.top_k or state.pred_k)
 
-    def _logits_capture(self) -> Optional[tuple[int, int, Optional[array]]]:
+    def _logits_capture(self) -> Optional[tuple[int, int, Optional[array[float]]]]:
         if self._logits_layer < 0:
             return None
         return (self._logits_layer, self._logits_pass, self._logits)
@@ -287,7 +290,7 @@ class RecorderCore:
         return "".join(parts).encode("ascii") + tail
 
 
-def _append(flat: array, committed: int, ids: array) -> None:
+def _append(flat: array[int], committed: int, ids: array[int]) -> None:
     """Put ``ids`` after the ``committed`` ids of ``flat``, dropping an uncommitted tail first."""
     del flat[committed:]
     flat.extend(ids)
@@ -297,6 +300,14 @@ def _json_rows(rows: Any) -> str:
     return ",".join("[" + ",".join(map(str, row)) + "]" for row in rows)
 
 
-def _rows(flat: array, width: int) -> np.ndarray:
+def _rows(flat: array[int], width: int) -> np.ndarray:
     data = np.frombuffer(flat, dtype=np.uint32).copy() if len(flat) else np.zeros(0, dtype=np.uint32)
     return data.reshape(-1, width) if width else data.reshape(0, 0)
+
+
+if TYPE_CHECKING:
+    from ._types import RecorderCoreAPI
+
+    def _conforms(core: RecorderCore) -> RecorderCoreAPI:
+        """Fails type checking when this core drifts from the interface the facade relies on."""
+        return core

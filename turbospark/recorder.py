@@ -16,9 +16,10 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _env, _sigterm
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
@@ -27,6 +28,7 @@ from ._backend import BACKEND, RecorderCore
 from ._f32display import format_f32_row
 
 PathLike = Union[str, "os.PathLike[str]"]
+_Self = TypeVar("_Self", bound="_Facade")
 
 # Every open recorder, so that interpreter exit can write the ones still open,
 # and the closed ones whose write was interrupted, so that exit retries them.
@@ -126,7 +128,7 @@ class _Facade:
         return self._path
 
     @property
-    def counts(self) -> np.ndarray:
+    def counts(self) -> "npt.NDArray[np.int64]":
         """The counts so far: a read-only (num_layers, num_experts) int64 snapshot.
 
         int64, as a loaded ``Capture``'s counts, so the two subtract exactly.
@@ -209,7 +211,7 @@ class _Facade:
             with _live_lock:
                 _writing.discard(self)
 
-    def __enter__(self) -> "_Facade":
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -235,7 +237,7 @@ def _report(line: str) -> None:
         pass
 
 
-class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
+class RouterHistogram(_Facade, RecorderCore):
     """Per-layer router top-k histogram, with optional trace, pilot probe and logit row.
 
     ``RouterHistogram(path, num_layers, num_experts, top_k=0, *, trace=False,
@@ -244,10 +246,14 @@ class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
     is None or a ``(layer, pass)`` pair. ``RouterHistogram.from_env(...)``
     configures it from the ``TURBOSPARK_*`` variables instead.
 
-    Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d)``,
-    ``record_prediction(layer, ids)``, ``record_router_logits(layer, row)``.
-    A rejected call raises (IndexError for the layer, TypeError for non-integer
-    input, ValueError for bad ids, lengths or shapes) and records nothing.
+    Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d, mask=None)``,
+    ``record_prediction(layer, ids)``, ``record_prediction_many(layer, ids_2d,
+    mask=None)``, ``record_router_logits(layer, row)``; ids may be sequences of
+    ints, integer ndarrays or CPU torch tensors. A rejected call raises
+    (IndexError for the layer, TypeError for non-integer input or a tensor on
+    another device, ValueError for bad ids, lengths, shapes or masks) and
+    records nothing. ``close()`` writes the capture; ``discard()`` stops
+    without writing.
     """
 
 
