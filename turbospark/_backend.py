@@ -15,8 +15,13 @@ if TYPE_CHECKING:
     # Type checkers see the compiled core's stub (_recorder.pyi): the precise
     # interface both cores implement (_types.RecorderCoreAPI).
     from ._recorder import RecorderCore
+    from ._types import RecorderCoreAPI
 
     BACKEND: str
+
+    def _conforms(core: RecorderCore) -> RecorderCoreAPI:
+        """Fails type checking when the compiled core's stub drifts from the interface."""
+        return core
 elif os.environ.get("TURBOSPARK_PUREPYTHON"):
     from ._recorder_py import RecorderCore
 

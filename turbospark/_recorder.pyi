@@ -1,6 +1,7 @@
-# Type stub for the compiled core built from csrc/_recorder.pyx. Its twin,
-# turbospark/_recorder_py.py, has the same interface (turbospark/_types.py's
-# RecorderCoreAPI, which both must satisfy) in plain Python.
+# Type stub for the compiled core built from csrc/_recorder.pyx. It repeats the
+# signatures of turbospark/_types.py's RecorderCoreAPI on purpose: a stub class
+# that subclassed the Protocol would be abstract for type checkers. Both cores
+# are checked against that Protocol (turbospark/_recorder_py.py, _backend.py).
 from array import array
 from typing import Optional, SupportsIndex
 
