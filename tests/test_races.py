@@ -20,6 +20,8 @@ import pytest
 import turbospark
 from turbospark import _convert
 
+from conftest import require
+
 GOOD = [1, 2, 3, 4]
 EXPERTS = 64
 BLOCK = [[5, 6, 7, 8], GOOD, [9, 10, 11, 12]]
@@ -28,8 +30,8 @@ BLOCK = [[5, 6, 7, 8], GOOD, [9, 10, 11, 12]]
 pytestmark = pytest.mark.usefixtures("interleave")
 
 
-def _call(name: str, hist: Any, arr: np.ndarray) -> None:
-    if name == "record":
+def _call(name: str, hist: Any, arr: Any) -> None:
+    if name in ("record", "record_tensor"):
         hist.record(0, arr)
     elif name == "record_prediction":
         hist.record_prediction(0, arr)
@@ -78,7 +80,14 @@ def _check(name: str, hist: Any, rows: list[list[int]], recorded: int, experts: 
     assert json.loads(hist.to_json())["counts"] == hist.counts.tolist()
 
 
-CALLS = ["record", "record_prediction", "record_many", "record_many_sparse"]
+CALLS = ["record", "record_prediction", "record_many", "record_many_sparse", "record_tensor", "record_many_tensor"]
+
+
+def _source(name: str, arr: np.ndarray) -> Any:
+    """What the call is given: the array, or a CPU tensor sharing its memory (so flips show through)."""
+    if name.endswith("tensor"):
+        return require("torch").from_numpy(arr)
+    return arr
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
@@ -98,6 +107,7 @@ def test_an_id_flipped_by_another_thread(cls: Any, tmp_path: Any, name: str, dty
             flip(bad)
             time.sleep(0)  # lets the recorder in, with either state
 
+    source = _source(name, arr)
     thread = threading.Thread(target=flipper)
     thread.start()
     try:
@@ -105,7 +115,7 @@ def test_an_id_flipped_by_another_thread(cls: Any, tmp_path: Any, name: str, dty
             if i % 3 == 0:
                 time.sleep(0)
             try:
-                _call(name, hist, arr)
+                _call(name, hist, source)
             except ValueError as exc:
                 assert str(exc) == message
                 refused += 1
@@ -138,11 +148,12 @@ def test_a_recheck_that_finds_the_array_fixed(cls: Any, tmp_path: Any, monkeypat
     monkeypatch.setattr(_convert, "array_ids", fixed_before_read)
     hist = cls(str(tmp_path / "c.json"), 1, experts, 4, trace=True, pilot="self")
     recorded = 0
+    source = _source(name, arr)
     try:
         for _ in range(3):
             flip(True)
             try:
-                _call(name, hist, arr)
+                _call(name, hist, source)
             except ValueError as exc:
                 assert str(exc) == message
             else:
