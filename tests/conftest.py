@@ -19,6 +19,7 @@ import importlib
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 from types import ModuleType
 from typing import Any, Callable, Iterator, NoReturn, Optional
@@ -86,6 +87,16 @@ def compiled_core() -> Any:
     return _recorder.RecorderCore
 
 
+def require(module: str) -> Any:
+    """Import an optional module, or skip the test without it; under ``CI=true`` a missing module fails instead."""
+    if os.environ.get("CI") == "true":
+        try:
+            return __import__(module)
+        except ImportError as exc:
+            pytest.fail(f"{module} is required under CI=true: {exc}")
+    return pytest.importorskip(module)
+
+
 @pytest.fixture(autouse=True)
 def _no_swallowed_exceptions(capfd: pytest.CaptureFixture[str]) -> Any:
     """Fail a test whose stderr shows an exception swallowed in extension code or a finalizer."""
@@ -111,7 +122,7 @@ def make(tmp_path: Any) -> Callable[..., Any]:
 
     yield factory
     for recorder in made:
-        recorder._mark_closed()
+        recorder.discard()
 
 
 @pytest.fixture
@@ -147,3 +158,18 @@ def read_only_dir() -> Iterator[pathlib.Path]:
     yield directory
     directory.chmod(0o755)
     shutil.rmtree(parent)
+
+
+@pytest.fixture
+def interleave() -> Iterator[None]:
+    """Switch threads as often as CPython allows, for the length of the test."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+@pytest.fixture(params=["compiled", "python", "default"])
+def cls(request: pytest.FixtureRequest, cores: tuple[Any, Any]) -> Any:
+    """Each RouterHistogram class in turn: on the compiled core, on the pure-Python core, the package's choice."""
+    return {"compiled": cores[0], "python": cores[1], "default": turbospark.RouterHistogram}[request.param]

@@ -238,7 +238,7 @@ def test_every_write_is_a_complete_synced_temporary_file_renamed_into_place(
     hist = fill(RouterHistogram(str(path), 2, 3, trace=True))
     if how == "write":
         hist.write()
-        hist._mark_closed()
+        hist.discard()
     elif how == "drop":
         del hist
         gc.collect()

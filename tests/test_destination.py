@@ -115,7 +115,7 @@ def test_write_names_the_destination_not_its_temporary_file(tmp_path: pathlib.Pa
         assert info.value.filename == target
         assert info.value.filename2 is None
         assert ".tmp" not in str(info.value)
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_a_failing_replace_names_the_destination(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,5 +130,5 @@ def test_a_failing_replace_names_the_destination(tmp_path: pathlib.Path, monkeyp
         hist.write()
     assert str(info.value) == f"[Errno {errno.EXDEV}] Invalid cross-device link: {target!r}"
     assert [p.name for p in tmp_path.iterdir()] == []
-    hist._mark_closed()
+    hist.discard()
     assert stat.S_ISDIR(tmp_path.stat().st_mode)

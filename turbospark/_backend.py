@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,18 +34,29 @@ def _fallback_message(error: ImportError) -> str:
     )
 
 
-if os.environ.get("TURBOSPARK_PUREPYTHON"):
+if TYPE_CHECKING:
+    # Type checkers see the compiled core's stub (_recorder.pyi): the precise
+    # interface both cores implement (_types.RecorderCoreAPI).
+    from ._recorder import RecorderCore
+    from ._types import RecorderCoreAPI
+
+    BACKEND: str
+
+    def _conforms(core: RecorderCore) -> RecorderCoreAPI:
+        """Fails type checking when the compiled core's stub drifts from the interface."""
+        return core
+elif os.environ.get("TURBOSPARK_PUREPYTHON"):
     from ._recorder_py import RecorderCore
 
     BACKEND = "python"
 else:
     try:
-        from ._recorder import RecorderCore  # type: ignore[no-redef]
+        from ._recorder import RecorderCore
 
         BACKEND = "cython"
     except ImportError as exc:
         warnings.warn(_fallback_message(exc), RuntimeWarning, stacklevel=2)
-        from ._recorder_py import RecorderCore  # type: ignore[assignment]
+        from ._recorder_py import RecorderCore
 
         BACKEND = "python"
 
