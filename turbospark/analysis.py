@@ -98,7 +98,7 @@ def analyze(
                 rates = _lru(ids, e, cache_sizes)
                 entry["lru_hit_rate"] = {str(c): value for c, value in rates.items()}
         layers.append(entry)
-    return {
+    document = {
         "num_layers": capture.num_layers,
         "num_experts": e,
         "top_k": k,
@@ -109,6 +109,9 @@ def analyze(
         },
         "layers": layers,
     }
+    if capture.pilot_distance is not None:
+        document["pilot_distance"] = list(capture.pilot_distance)
+    return document
 
 
 def self_test(capture: Capture, result: dict[str, Any]) -> tuple[list[int], list[int]]:

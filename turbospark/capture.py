@@ -53,6 +53,9 @@ class Capture:
     (0, top_k) in captures from the recorder, and a row may hold fewer passes
     than the trace (only the common prefix aligns).
     ``router_logits``: None, or the single captured logit row.
+    ``pilot_distance``: None, or per layer how many layers before it its
+    predictions were made (0: none), present when a model capture's probe
+    crossed a dense layer.
     """
 
     num_layers: int
@@ -62,6 +65,7 @@ class Capture:
     trace: tuple[np.ndarray, ...] | None = None
     pred: tuple[np.ndarray, ...] | None = None
     router_logits: RouterLogits | None = None
+    pilot_distance: tuple[int, ...] | None = None
 
     @property
     def header(self) -> dict[str, int]:
@@ -248,7 +252,20 @@ def _build(fields: dict[str, Any]) -> Capture:
     trace = _id_rows(fields, "trace", num_layers, num_experts, top_k)
     pred = _id_rows(fields, "pred", num_layers, num_experts, top_k)
     logits = _router_logits(fields.get("router_logits"), num_layers)
-    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits)
+    distance = _pilot_distance(fields.get("pilot_distance"), num_layers)
+    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, distance)
+
+
+def _pilot_distance(value: Any, num_layers: int) -> tuple[int, ...] | None:
+    """The optional ``pilot_distance`` list: one non-negative integer per layer."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != num_layers:
+        raise ValueError(f"pilot_distance must be a list of num_layers={num_layers} integers, got {value!r}")
+    for layer, item in enumerate(value):
+        if type(item) is not int or item < 0:
+            raise ValueError(f"pilot_distance[{layer}] must be a non-negative integer, got {item!r}")
+    return tuple(value)
 
 
 def _count_field(fields: dict[str, Any], key: str) -> int:
