@@ -85,3 +85,27 @@ def build(name: str, seed: int = 0) -> Any:
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 2
     return model
+
+
+WORDS = ["the", "a", "expert", "router", "token", "layer", "model", "picks", "each", "of", "mixture", "sparse"]
+
+
+def tokenizer() -> Any:
+    """A word-level tokenizer over ``WORDS`` (ids 0-3 special), built offline with the tokenizers library."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "<s>": 1, "</s>": 2, "[UNK]": 3}
+    vocab.update({word: 4 + i for i, word in enumerate(WORDS)})
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return hf.PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="[PAD]", bos_token="<s>", eos_token="</s>", unk_token="[UNK]"
+    )
+
+
+def save_checkpoint(name: str, folder: Any) -> Any:
+    """Write a tiny ``name`` model and the tokenizer to ``folder`` with save_pretrained; returns the model."""
+    model = build(name)
+    model.save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return model

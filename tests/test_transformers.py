@@ -288,7 +288,7 @@ def test_unsupported_models_are_named(tmp_path: Any) -> None:
                                             attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
                                             ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}))
     with pytest.raises(TypeError, match=r"^DbrxForCausalLM is not supported: router DbrxRouter returns no top-k indices "
-                                        r"\(no integer tensor among its outputs: float32 \(1, 4\)\)$"):
+                                        r"\(no integer \(tokens, top_k\) tensor among its outputs: float32 \(1, 4\)\)$"):
         with capture(dbrx, tmp_path / "c.json"):
             pass
     assert not (tmp_path / "c.json").exists()

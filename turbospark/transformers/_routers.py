@@ -69,11 +69,15 @@ class Routing:
         return [site.layer for site in self.sites]
 
 
-def classify_output(output: Any, logits_index: int, router_name: str) -> tuple[Optional[int], int, int, str]:
+def classify_output(
+    output: Any, logits_index: int, router_name: str, top_k: Optional[int] = None
+) -> tuple[Optional[int], int, int, str]:
     """From one router output: (ids index or None, top_k, num_experts, problem).
 
-    ``problem`` is "" when the ids were found (or an override applies), else
-    a sentence saying what is missing.
+    The ids are the one integer tensor whose last dimension is the router's
+    ``top_k`` when it declares one, else narrower than the logits (a one-hot
+    expert mask is not a list of ids). ``problem`` is "" when the ids were
+    found (or an override applies), else a sentence saying what is missing.
     """
     items = output if isinstance(output, (tuple, list)) else (output,)
     if logits_index >= len(items) or not isinstance(items[logits_index], torch.Tensor):
@@ -82,7 +86,11 @@ def classify_output(output: Any, logits_index: int, router_name: str) -> tuple[O
     candidates = [
         (i, item)
         for i, item in enumerate(items)
-        if isinstance(item, torch.Tensor) and not item.dtype.is_floating_point and item.dtype != torch.bool and item.dim() >= 1
+        if isinstance(item, torch.Tensor)
+        and not item.dtype.is_floating_point
+        and item.dtype != torch.bool
+        and item.dim() >= 1
+        and (item.shape[-1] == top_k if isinstance(top_k, int) else item.shape[-1] < num_experts)
     ]
     if len(candidates) == 1:
         index, ids = candidates[0]
@@ -93,7 +101,7 @@ def classify_output(output: Any, logits_index: int, router_name: str) -> tuple[O
         f"{str(item.dtype).replace('torch.', '')} {tuple(item.shape)}" if isinstance(item, torch.Tensor) else type(item).__name__
         for item in items
     )
-    found = "no integer tensor" if not candidates else f"{len(candidates)} integer tensors"
+    found = "no integer (tokens, top_k) tensor" if not candidates else f"{len(candidates)} integer (tokens, top_k) tensors"
     return None, 0, num_experts, f"router {router_name} returns no top-k indices ({found} among its outputs: {shapes})"
 
 
@@ -164,9 +172,17 @@ def find_routing(model: nn.Module) -> Routing:
             owner = [i for i, (layer_path, _) in enumerate(layers) if path.startswith(layer_path + ".")]
             if not owner:
                 raise TypeError(f"{name}: router {path} ({type(module).__name__}) is not inside a decoder layer")
-            with torch.no_grad():
-                output = module.forward(_probe_input(module, model))
-            index, top_k, experts, problem = classify_output(output, getattr(recorder, "index", 0), type(module).__name__)
+            try:
+                with torch.no_grad():
+                    output = module.forward(_probe_input(module, model))
+            except Exception as exc:  # noqa: BLE001 -- reported as what is missing
+                raise TypeError(
+                    f"{name} is not supported: router {type(module).__name__} cannot be called on hidden states alone "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+            index, top_k, experts, problem = classify_output(
+                output, getattr(recorder, "index", 0), type(module).__name__, getattr(module, "top_k", None)
+            )
             if problem:
                 raise TypeError(f"{name} is not supported: {problem}")
             if index is None:
