@@ -69,7 +69,10 @@ class _Session:
         # Per generate call: inside _prefill?, rows finished so far, first sequence id.
         self.prefilling = False
         self.in_generate = False
-        self.finished: Optional[torch.Tensor] = None
+        self.finished: Optional[torch.Tensor] = None  # CPU bool, one per row
+        self.any_finished = False
+        self._seq_key: Optional[tuple[int, int, int]] = None
+        self._seq_rows_cache: Optional[torch.Tensor] = None
         self.next_seq = 0
         self.seq_base = 0
 
@@ -145,7 +148,8 @@ class _Session:
             def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
                 done = super().__call__(input_ids, scores, **kwargs)
                 if session.finished is not None and session.finished.shape == done.shape:
-                    session.finished = session.finished | done.to(session.finished.device)
+                    session.finished = session.finished | done.cpu()
+                    session.any_finished = bool(session.finished.any())
                 return done
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -163,29 +167,51 @@ class _Session:
             self.mask, self.seq = None, None
             return
         batch, length = int(tokens.shape[0]), int(tokens.shape[1])
-        decode = self._is_decode(kwargs)
+        if self.in_generate and not self.prefilling:
+            self._decode_step(batch, length)
+            return
+        decode = not self.in_generate and self._cache_holds_tokens(kwargs)
         if not decode:
             # A prompt starts new sequences, numbered after every earlier one.
             self.seq_base, self.next_seq = self.next_seq, self.next_seq + batch
-            self.finished = torch.zeros(batch, dtype=torch.bool, device=tokens.device) if self.in_generate else None
+            self.finished = torch.zeros(batch, dtype=torch.bool) if self.in_generate else None
+            self.any_finished = False
         self.phase = "decode" if decode else "prompt"
         keep = self._keep(kwargs.get("attention_mask", args[1] if len(args) > 1 else None), batch, length)
-        if decode and self.in_generate:
-            # Only the newest token of a row is new (the whole sequence is
-            # fed again when generate runs without a cache), and only while
-            # generate has not finished that row.
-            newest = torch.zeros(batch, length, dtype=torch.bool, device=tokens.device)
-            newest[:, -1] = True
-            if self.finished is not None and self.finished.shape[0] == batch:
-                newest[:, -1] = ~self.finished
-            keep = newest if keep is None else keep & newest
         flat = None if keep is None else keep.reshape(-1).cpu()
         self.mask = None if flat is None or bool(flat.all()) else flat
-        self.seq = torch.arange(self.seq_base, self.seq_base + batch, dtype=torch.int64).repeat_interleave(length)
+        self.seq = self._seq_rows(batch, length)
 
-    def _is_decode(self, kwargs: dict) -> bool:
-        if self.in_generate:
-            return not self.prefilling
+    def _decode_step(self, batch: int, length: int) -> None:
+        """A decode call of generate: only each row's newest token is new, and only for rows not finished.
+
+        (generate feeds the whole sequence again when it runs without a
+        cache; the mask of a newly generated token is always 1.)
+        """
+        self.phase = "decode"
+        if length == 1 and not self.any_finished:
+            self.mask = None
+        else:
+            keep = torch.zeros(batch, length, dtype=torch.bool)
+            if self.finished is not None and self.finished.shape[0] == batch:
+                keep[:, -1] = ~self.finished
+            else:
+                keep[:, -1] = True
+            self.mask = keep.reshape(-1)
+        self.seq = self._seq_rows(batch, length)
+
+    def _seq_rows(self, batch: int, length: int) -> Optional[torch.Tensor]:
+        """Each row's sequence id, built once per shape (every decode step has the same)."""
+        if not self.sink.tags_sequences:
+            return None
+        key = (self.seq_base, batch, length)
+        if self._seq_key != key:
+            self._seq_key = key
+            self._seq_rows_cache = torch.arange(self.seq_base, self.seq_base + batch, dtype=torch.int64).repeat_interleave(length)
+        return self._seq_rows_cache
+
+    @staticmethod
+    def _cache_holds_tokens(kwargs: dict) -> bool:
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         length = getattr(cache, "get_seq_length", None)
         return bool(length is not None and length() > 0)
