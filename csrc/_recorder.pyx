@@ -18,7 +18,7 @@ cimport numpy as cnp
 
 import numpy as np
 
-from turbospark import _convert, _errors
+from turbospark import _convert, _counts, _errors
 
 cnp.import_array()
 ts_init_small_ints()
@@ -596,6 +596,38 @@ cdef class RecorderCore:
             return PyBytes_FromStringAndSize(buf, p - buf)
         finally:
             free(buf)
+
+    def _add_counts(self, counts, passes, Py_ssize_t top_k):
+        """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.
+
+        For the device path's counts-only mode; refused (ValueError) while the
+        trace or the probe is on, or when a row does not sum to passes x top_k.
+        Learns ``top_k`` when it was still 0 and passes were added.
+        """
+        cdef const int64_t[:, ::1] added
+        cdef const int64_t[::1] more
+        cdef Py_ssize_t layer
+        cdef uint64_t e
+        cdef uint64_t* row
+        cdef bint any_pass = False
+        if self._closed:
+            raise _errors.closed()
+        added_arr, more_arr = _counts.added_counts(
+            counts, passes, top_k, self._num_layers, self._num_experts,
+            self._top_k or self._pred_k, self._trace != NULL or self._pred != NULL)
+        added = added_arr.reshape(self._num_layers, self._num_experts)
+        more = more_arr
+        # Validation ran Python code: another thread may have closed us meanwhile.
+        if self._closed:
+            raise _errors.closed()
+        for layer in range(self._num_layers):
+            row = self._counts + layer * self._num_experts
+            for e in range(self._num_experts):
+                row[e] += <uint64_t>added[layer, e]
+            self._passes[layer] += <uint64_t>more[layer]
+            any_pass = any_pass or more[layer] > 0
+        if self._top_k == 0 and any_pass:
+            self._top_k = top_k
 
 
 

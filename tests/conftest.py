@@ -3,20 +3,74 @@
 The suite runs once per backend (``TURBOSPARK_PUREPYTHON=1`` selects the
 pure-Python one); ``RouterHistogram`` is whichever the package chose. Tests
 that compare the two cores in one process use ``cores``.
+
+Optional dependencies: a test that needs something the machine may lack
+(torch, transformers, matplotlib, rustc, the Rust reference) calls
+``require_module(name)`` or ``skip_or_fail(reason)``. Both skip normally and
+FAIL under ``CI=true``, where a skip would silently drop the check the run
+claims to make. A CI run that deliberately goes without a module lists it in
+``TURBOSPARK_CI_OPTIONAL`` (comma-separated, e.g. ``torch,transformers``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any, Callable
+from types import ModuleType
+from typing import Any, Callable, NoReturn, Optional
 
 import pytest
+
+import reference_harness
 
 import turbospark
 from turbospark import _recorder_py
 from turbospark.recorder import recorder_class
 
 EXPECTED_BACKEND = "python" if os.environ.get("TURBOSPARK_PUREPYTHON") else "cython"
+
+
+def in_ci() -> bool:
+    """True when ``CI`` is ``true`` (or ``1``), as CI services set it."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def skip_or_fail(reason: str, *, optional_as: Optional[str] = None) -> NoReturn:
+    """Skip the calling test with ``reason``; under ``CI=true`` fail it instead.
+
+    ``optional_as`` names the dependency (e.g. ``"torch"``): when it is listed
+    in ``TURBOSPARK_CI_OPTIONAL``, CI skips too. Never returns: raises
+    pytest's skip or fail exception.
+    """
+    allowed = {name.strip() for name in os.environ.get("TURBOSPARK_CI_OPTIONAL", "").split(",")}
+    if in_ci() and (optional_as is None or optional_as not in allowed):
+        pytest.fail(f"{reason} (CI=true: a missing dependency fails the run instead of skipping it)", pytrace=False)
+    # allow_module_level: a test module may require its dependency at import.
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str) -> ModuleType:
+    """Import and return module ``name``; when it cannot be imported, ``skip_or_fail`` naming it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        skip_or_fail(f"could not import {name!r}: {exc}", optional_as=name.partition(".")[0])
+
+
+def reference_tools_or_skip(directory: Any) -> reference_harness.Tools:
+    """The Rust reference tools built into ``directory``; ``skip_or_fail`` without rustc or the reference."""
+    tools = reference_harness.build_tools(directory)
+    if tools is None:
+        skip_or_fail(
+            f"rustc (PATH, $CARGO_HOME/bin or ~/.cargo/bin) or the reference {reference_harness.REFERENCE} is missing"
+        )
+    return tools
+
+
+@pytest.fixture(scope="session")
+def reference_tools(tmp_path_factory: pytest.TempPathFactory) -> reference_harness.Tools:
+    """The Rust reference tools, compiled once per session (see ``reference_harness``)."""
+    return reference_tools_or_skip(tmp_path_factory.mktemp("rust"))
 
 
 def compiled_core() -> Any:

@@ -5,13 +5,12 @@ patterns; ``tools/reference/harness.rs`` includes the reference
 ``router_hist.rs`` verbatim and drives it from stdin. Both need ``rustc``
 (no cargo, no crates) and the reference file at
 ``<repo>/../shared/reference/router_hist.rs``; when either is missing,
-``build_tools`` returns ``None`` and callers should ``pytest.skip``.
+``build_tools`` returns ``None``; tests use conftest's ``reference_tools`` fixture,
+which skips then (and fails under ``CI=true``).
 
 Typical use from a test::
 
-    tools = reference_harness.build_tools(tmp_path_factory.mktemp("rust"))
-    if tools is None:
-        pytest.skip("rustc or shared/reference/router_hist.rs not available")
+    tools = reference_harness.build_tools(tmp_path_factory.mktemp("rust"))  # None: skip
     reference_harness.rust_display([0x3F800000])          # -> ["1"]
     reference_harness.run_reference(
         {"TURBOSPARK_ROUTER_HIST": str(path)}, 2, 3, 2,

@@ -1,7 +1,8 @@
 """Byte-for-byte against the Rust reference itself, built from shared/reference.
 
-Skipped where rustc or the reference source is missing; the golden f32 data
-in tests/data keeps the formatting contract tested there too.
+Skipped where rustc or the reference source is missing (a failure under
+CI=true, see conftest.skip_or_fail); the golden f32 data in tests/data keeps
+the formatting contract tested there too.
 """
 
 from __future__ import annotations
@@ -18,14 +19,6 @@ import reference_harness
 from turbospark import RouterHistogram
 
 ENV_KEYS = reference_harness.ENV_VARS
-
-
-@pytest.fixture(scope="module")
-def tools(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    built = reference_harness.build_tools(tmp_path_factory.mktemp("rust"))
-    if built is None:
-        pytest.skip("rustc or ../shared/reference/router_hist.rs is not available")
-    return built
 
 
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -63,7 +56,10 @@ def _ours(env: dict[str, Any], layers: int, experts: int, top_k: int, ops: list[
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    hist = RouterHistogram.from_env(layers, experts, top_k)
+    with warnings.catch_warnings():
+        # Our warnings (an ignored setting, a capture that cannot be useful) never change the bytes.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        hist = RouterHistogram.from_env(layers, experts, top_k)
     assert hist is not None
     methods = {"r": hist.record, "p": hist.record_prediction, "l": hist.record_router_logits}
     for name, layer, payload in ops:
@@ -74,7 +70,7 @@ def _ours(env: dict[str, Any], layers: int, experts: int, top_k: int, ops: list[
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(capture=captures())
-def test_random_captures_match_the_reference(tools: Any, tmp_path: Any, monkeypatch: Any, capture: Any) -> None:
+def test_random_captures_match_the_reference(reference_tools: Any, tmp_path: Any, monkeypatch: Any, capture: Any) -> None:
     env, layers, experts, top_k, ops = capture
     env = dict(env, TURBOSPARK_ROUTER_HIST=str(tmp_path / "reference.json"))
     expected = reference_harness.run_reference(env, layers, experts, top_k, ops)
@@ -86,7 +82,7 @@ def test_random_captures_match_the_reference(tools: Any, tmp_path: Any, monkeypa
     ("layer", "pass_"),
     [("1", "0"), ("+1", "007"), ("x", "0"), ("1", "-0"), ("5", "0"), (" 1", "0"), ("1", "18446744073709551616")],
 )
-def test_logit_settings_parse_like_the_reference(tools: Any, tmp_path: Any, monkeypatch: Any, layer: str, pass_: str) -> None:
+def test_logit_settings_parse_like_the_reference(reference_tools: Any, tmp_path: Any, monkeypatch: Any, layer: str, pass_: str) -> None:
     env = {
         "TURBOSPARK_ROUTER_HIST": str(tmp_path / "reference.json"),
         "TURBOSPARK_ROUTER_LOGITS_LAYER": layer,
@@ -94,13 +90,10 @@ def test_logit_settings_parse_like_the_reference(tools: Any, tmp_path: Any, monk
     }
     ops = [("r", 1, [0, 2]), ("l", 1, [0.5, -1.25, 3.0]), ("r", 1, [1, 2])]
     expected = reference_harness.run_reference(env, 2, 3, 0, ops)
-    with warnings.catch_warnings():
-        # Where the reference ignores a setting silently we warn; the output must still match.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        assert _ours(env, 2, 3, 0, ops, monkeypatch) == expected
+    assert _ours(env, 2, 3, 0, ops, monkeypatch) == expected
 
 
-def test_extreme_logits_match_the_reference(tools: Any, tmp_path: Any, monkeypatch: Any) -> None:
+def test_extreme_logits_match_the_reference(reference_tools: Any, tmp_path: Any, monkeypatch: Any) -> None:
     f32 = np.finfo(np.float32)
     values = [float(f32.max), -float(f32.max), float(f32.tiny), 1e-45, -0.0, 0.1, 16777217.0, 1e-7]
     env = {

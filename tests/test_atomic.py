@@ -267,8 +267,10 @@ def test_every_write_is_a_complete_synced_temporary_file_renamed_into_place(
 
 # Each sets up a failure that the exit-time write then meets for real.
 EXIT_FAILURES = {
+    # The directory exists when the recorder is made (which checks it), then goes.
     "missing-directory": (
-        "path = os.path.join(os.path.dirname(path), 'gone', 'capture.json')\n",
+        "path = os.path.join(os.path.dirname(path), 'gone', 'capture.json')\n"
+        "os.mkdir(os.path.dirname(path))\n",
         "No such file or directory (os error 2)",
     ),
     # A real short write and EFBIG from the kernel (CPython ignores SIGXFSZ).
@@ -309,6 +311,7 @@ def test_a_failed_write_at_exit_is_reported_once_without_a_traceback(
         "path = sys.argv[1]\n"
         + setup
         + "hist = R(path, 2, 3, trace=True)\nhist.record(0, [2, 0])\nhist.record(1, [1, 2])\n"
+        + ("os.rmdir(os.path.dirname(path))\n" if failure == "missing-directory" else "")
         + ending,
         str(target),
     )
@@ -333,7 +336,9 @@ def test_one_failed_write_at_exit_does_not_stop_the_others(tmp_path: pathlib.Pat
         tmp_path,
         """
         a = R(sys.argv[1], 1, 2)
+        os.mkdir(os.path.dirname(sys.argv[3]))
         c = R(sys.argv[3], 1, 2)
+        os.rmdir(os.path.dirname(sys.argv[3]))  # gone by the time of the write
         b = R(sys.argv[2], 1, 2)
         for hist in (a, b, c):
             hist.record(0, [1])

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import turbospark
+from conftest import require_module
 from turbospark.cli import main
 
 RUST_TRACE = (
@@ -173,7 +174,7 @@ def test_python_dash_m_runs_the_same_cli(tmp_path: Path) -> None:
 
 
 def test_plot_writes_a_png(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib")
     doc = self_capture([1, 2, 1, 3])
     path = write(tmp_path, doc)
     out = tmp_path / "fig.png"
@@ -184,7 +185,7 @@ def test_plot_writes_a_png(tmp_path: Path, capfd: pytest.CaptureFixture[str]) ->
 
 
 def test_plot_default_output_and_capture_without_trace(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib")
     path = write(tmp_path, {"num_layers": 2, "num_experts": 3, "top_k": 1, "counts": [[0, 0, 0], [2, 1, 0]]}, "nt.json")
     assert main(["plot", path]) == 0
     assert capfd.readouterr().out == f"wrote {tmp_path / 'nt.png'}\n"

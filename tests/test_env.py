@@ -119,8 +119,15 @@ def test_top_k_is_passed_through(from_env: Callable[..., Any]) -> None:
         hist.record(0, [1])
 
 
+NO_LAYERS = "num_layers is 0: the recorder can record nothing (every layer index is out of range); recording anyway"
+
+
 def test_zero_layers(from_env: Callable[..., Any]) -> None:
-    assert from_env(0, 3).to_json() == '{"num_layers":0,"num_experts":0,"top_k":0,"counts":[]}'
+    # Lenient like the reference, but not silent.
+    with pytest.warns(RuntimeWarning) as record:
+        hist = from_env(0, 3)
+    assert [str(w.message) for w in record] == [NO_LAYERS]
+    assert hist.to_json() == '{"num_layers":0,"num_experts":0,"top_k":0,"counts":[]}'
 
 
 def test_the_env_path_is_what_close_writes(
@@ -182,13 +189,14 @@ def test_any_probe_value_turns_the_probe_on(
     value: str, offset: int, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(PILOT, value)
+    monkeypatch.setenv(TRACE, "1")
     hist = from_env(2, 3)
     assert hist.pilot_enabled()
     assert hist.pilot_offset() == offset
     hist.record(0, [2, 0])
     hist.record_prediction(1, [1, 2])
     assert hist.to_json() == (
-        '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,0,0]],"pred":[[],[1,2]]}'
+        '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,0,0]],"trace":[[2,0],[]],"pred":[[],[1,2]]}'
     )
 
 
@@ -327,13 +335,14 @@ def test_a_layer_past_the_model_is_ignored_with_a_warning(
     monkeypatch.setenv(PASS, "0")
     with pytest.warns(RuntimeWarning) as record:
         hist = from_env(num_layers, 3)
-    assert len(record) == 1
+    assert len(record) == (1 if num_layers else 2)
     message = str(record[0].message)
     assert f"{LAYER}={text!r}" in message
     assert f"the model has {num_layers} layers" in message
     if num_layers:
         _assert_ignored(record, hist, [])
     else:
+        assert str(record[1].message) == NO_LAYERS
         assert hist.to_json() == '{"num_layers":0,"num_experts":0,"top_k":0,"counts":[]}'
 
 
@@ -478,11 +487,12 @@ def test_numpy_integers_are_accepted_as_sizes(tmp_path: pathlib.Path) -> None:
     hist._mark_closed()
 
 
-def test_the_largest_expert_count_is_accepted(tmp_path: pathlib.Path) -> None:
-    # 2**32 experts is the most a u32 id can address; with no layers it costs nothing.
-    hist = RouterHistogram(str(tmp_path / "c.json"), 0, 2**32)
+def test_the_largest_expert_count_is_accepted(from_env: Callable[..., Any]) -> None:
+    # 2**32 experts is the most a u32 id can address; with no layers it costs
+    # nothing (which only from_env allows, with a warning).
+    with pytest.warns(RuntimeWarning, match="num_layers is 0"):
+        hist = from_env(0, 2**32)
     assert hist.num_experts == 2**32
-    hist._mark_closed()
 
 
 @pytest.mark.parametrize("pilot", ["Self", "SELF", "", "prev", 1, True, b"self"])

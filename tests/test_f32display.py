@@ -149,25 +149,14 @@ def test_row_of_128_is_fast():
     assert best < 0.05
 
 
-@pytest.fixture(scope="module")
-def rust_tools(tmp_path_factory):
-    tools = reference_harness.build_tools(tmp_path_factory.mktemp("rust_tools"))
-    if tools is None:
-        pytest.skip(
-            "rustc not found (PATH, ~/.cargo/bin) or reference "
-            f"{reference_harness.REFERENCE} missing"
-        )
-    return tools
-
-
-def test_fresh_random_sample_against_rustc(rust_tools):
+def test_fresh_random_sample_against_rustc(reference_tools):
     rng = random.Random()  # fresh every run; the seed is reported on failure
     seed = rng.randrange(2**32)
     rng.seed(seed)
     bits_list = [rng.getrandbits(32) for _ in range(20000)]
     # Also bias a quarter of the sample towards binades where ties live.
     bits_list += [(rng.choice((0, 1)) << 31) | (rng.randrange(0x43000000, 0x4B000000)) for _ in range(5000)]
-    expected = reference_harness.rust_display(bits_list, rust_tools)
+    expected = reference_harness.rust_display(bits_list, reference_tools)
     mismatches = []
     for bits, want in zip(bits_list, expected):
         value = from_bits(bits)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import textwrap
 
 import pytest
 
@@ -264,8 +265,15 @@ def test_fork_pool_workers_never_write_the_parents_capture(tmp_path: pathlib.Pat
 # held forever in the child. A child that then records, closes or exits must
 # not hang (CPython's logging re-creates its locks with os.register_at_fork).
 
-LOCK_SCRIPT = """
-import threading
+# Python 3.12+ warns (DeprecationWarning, shown for __main__) when a
+# multi-threaded process forks: these scripts do it on purpose, and their
+# stderr is compared line by line.
+FORKS_WITH_THREADS = (
+    "import threading, warnings\n"
+    "warnings.filterwarnings('ignore', 'This process .* is multi-threaded, use of fork', DeprecationWarning)\n"
+)
+
+LOCK_SCRIPT = FORKS_WITH_THREADS + """
 
 path, child_path, what = sys.argv[1:4]
 hist = R(path, 1, 4, trace=True)
@@ -386,9 +394,9 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
     path = tmp_path / "capture.json"
     result = run_script(
         tmp_path,
-        """
-        import threading
-
+        FORKS_WITH_THREADS
+        + textwrap.dedent(
+            """
         path = sys.argv[1]
         hist = R(path, 1, 3, trace=True)
         hist.record(0, [1, 2])
@@ -419,7 +427,8 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
         writer.join()
         print(f"PARENT child status={os.waitstatus_to_exitcode(status)} written={open(path).read()}", file=sys.stderr, flush=True)
         hist._mark_closed()
-        """,
+        """
+        ),
         str(path),
         env={"TURBOSPARK_ROUTER_HIST_SIGTERM": "1"},
     )

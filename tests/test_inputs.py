@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import pytest
+from conftest import require_module
 
 E = 8
 IDS = [3, 0, 7]
@@ -216,7 +217,7 @@ def test_mutating_the_input_afterwards_changes_nothing(make: Callable[..., Any])
 
 
 def test_a_real_cpu_tensor(make: Callable[..., Any]) -> None:
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     rows = torch.tensor(ROWS, dtype=torch.int64)
     hist = make(2, E, trace=True)
     hist.record(0, torch.tensor(IDS, dtype=torch.int32))
@@ -283,10 +284,10 @@ def test_long_selections(make: Callable[..., Any], form: str, n: int) -> None:
 @pytest.mark.parametrize("form", sorted(LONG_FORMS))
 def test_long_predictions(make: Callable[..., Any], form: str) -> None:
     ids = list(range(199, -1, -1))
-    hist = make(2, 200, pilot="self")
+    hist = make(2, 200, trace=True, pilot="self")
     hist.record_prediction(1, LONG_FORMS[form](ids))
     assert hist.predictions(1).tolist() == [ids]
-    assert hist.to_json().endswith(',"pred":[[],[' + ",".join(map(str, ids)) + "]]}")
+    assert hist.to_json().endswith(',"trace":[[],[]],"pred":[[],[' + ",".join(map(str, ids)) + "]]}")
 
 
 # --- record_many -------------------------------------------------------------

@@ -116,7 +116,10 @@ def test_recorders_are_collected(tmp_path: Any, capfd: pytest.CaptureFixture[str
             with turbospark.RouterHistogram(path, 2, 4, trace=True) as hist:
                 hist.record(0, [1, 2])
         else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             hist = turbospark.RouterHistogram(path, 2, 4, trace=True, pilot="next")
+            if how == "failed-write":
+                os.rmdir(os.path.dirname(path))  # gone by the time of the write
             hist.record(0, [1, 2])
             if how in ("closed", "failed-write"):
                 hist.close()

@@ -158,7 +158,9 @@ def test_a_failing_close_reports_like_the_reference_and_does_not_raise(
     tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     path = str(tmp_path / "missing" / "c.json")
+    (tmp_path / "missing").mkdir()
     hist = RouterHistogram(path, 1, 2)
+    (tmp_path / "missing").rmdir()  # gone by the time of the write
     hist.record(0, [1])
     hist.close()  # must not raise
     assert capfd.readouterr().err == f"[router-hist] FAILED writing {path}: No such file or directory (os error 2)\n"
@@ -336,7 +338,7 @@ def test_every_recorder_is_written_exactly_once(tmp_path: pathlib.Path) -> None:
     missing = str(tmp_path / "no-such-dir" / "x.json")
     result = run_child(
         """
-        import gc
+        import gc, os
         kept, closed, dropped, env_path, cycle, missing = sys.argv[1:7]
 
         def work(path):
@@ -351,7 +353,9 @@ def test_every_recorder_is_written_exactly_once(tmp_path: pathlib.Path) -> None:
         d = R(cycle, 1, 2)
         d.me = d
         del d
+        os.mkdir(os.path.dirname(missing))
         e = R(missing, 1, 2)
+        os.rmdir(os.path.dirname(missing))  # gone by the time of the write
         print("body done", file=sys.stderr, flush=True)
         """,
         paths["kept"], paths["closed"], paths["dropped"], paths["env"], paths["cycle"], missing,

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import pytest
+
+from turbospark import RouterHistogram
+
 
 def test_records_and_serializes_layer_expert_counts(make: Callable[..., Any]) -> None:
     hist = make(2, 3)
@@ -105,9 +109,14 @@ def test_top_k_is_learned_from_the_first_record(make: Callable[..., Any]) -> Non
     assert hist.top_k == 1
 
 
-def test_no_layers_reports_zero_experts_like_the_reference(make: Callable[..., Any]) -> None:
-    # The reference reads num_experts off the first counts row.
-    assert make(0, 8).to_json() == '{"num_layers":0,"num_experts":0,"top_k":0,"counts":[]}'
+def test_no_layers_reports_zero_experts_like_the_reference(tmp_path: Any, monkeypatch: Any) -> None:
+    # The reference reads num_experts off the first counts row. Only from_env
+    # accepts zero layers (with a warning); the constructor rejects them.
+    monkeypatch.setenv("TURBOSPARK_ROUTER_HIST", str(tmp_path / "c.json"))
+    with pytest.warns(RuntimeWarning, match="num_layers is 0"):
+        hist = RouterHistogram.from_env(0, 8)
+    assert hist.to_json() == '{"num_layers":0,"num_experts":0,"top_k":0,"counts":[]}'
+    hist._mark_closed()
 
 
 def test_an_untouched_layer_stays_an_all_zero_row(make: Callable[..., Any]) -> None:
@@ -120,6 +129,6 @@ def test_an_untouched_layer_stays_an_all_zero_row(make: Callable[..., Any]) -> N
 
 
 def test_pilot_offset(make: Callable[..., Any]) -> None:
-    assert make(2, 3, pilot="next").pilot_offset() == 1
-    assert make(2, 3, pilot="self").pilot_offset() == 0
+    assert make(2, 3, trace=True, pilot="next").pilot_offset() == 1
+    assert make(2, 3, trace=True, pilot="self").pilot_offset() == 0
     assert make(2, 3).pilot_offset() == 1

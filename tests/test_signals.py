@@ -48,7 +48,9 @@ def test_sigterm_writes_every_open_capture_then_dies_by_sigterm(tmp_path: pathli
         done.close()
         os.unlink(closed_path)  # closed is closed: SIGTERM must not write it again
         hist = R(path, 2, 3, trace=True)
+        os.mkdir(os.path.dirname(failing_path))
         bad = R(failing_path, 1, 2)
+        os.rmdir(os.path.dirname(failing_path))  # gone by the time of the write
         hist.record(0, [2, 0])
         hist.record(1, [1, 2])
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from require import require
+from conftest import require_module
 
-torch = require("torch")
-require("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 import turbospark  # noqa: E402
 from turbospark.transformers import capture, find_routing, verify  # noqa: E402

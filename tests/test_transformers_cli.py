@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from require import require
+from conftest import require_module
 
-torch = require("torch")
-require("transformers")
+torch = require_module("torch")
+require_module("transformers")
 
 import turbospark  # noqa: E402
 from turbospark.cli import main  # noqa: E402

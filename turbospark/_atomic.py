@@ -83,7 +83,10 @@ def write_atomic(path: str, data: bytes) -> None:
     directory = os.path.dirname(target)
     # Short enough for any file system's name limit, whatever the capture's name.
     prefix = "." + os.path.basename(target)[:64] + "."
-    fd, temporary = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise _naming(exc, path) from None
     with _temporaries_lock:
         _temporaries.add(temporary)
     try:
@@ -93,15 +96,24 @@ def write_atomic(path: str, data: bytes) -> None:
             os.fsync(handle.fileno())
         os.chmod(temporary, _final_mode(target))
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(temporary)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise _naming(exc, path) from None
         raise
     finally:
         with _temporaries_lock:
             _temporaries.discard(temporary)
+
+
+def _naming(error: OSError, path: str) -> OSError:
+    """``error`` about the destination ``path`` rather than the temporary file the caller never named."""
+    if error.errno is None or not error.strerror:
+        return error
+    return OSError(error.errno, error.strerror, path)  # OSError(errno, ...) picks the subclass
 
 
 def describe_os_error(error: BaseException) -> str:

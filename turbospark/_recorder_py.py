@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from . import _convert, _errors
+from . import _convert, _counts, _errors
 
 
 def _selection(selected: Any, expected: int, num_experts: int) -> array:
@@ -258,6 +258,28 @@ class RecorderCore:
             parts.append(f',"pred":[{_json_rows(rows)}]')
         return "".join(parts).encode("ascii") + tail
 
+
+    def _add_counts(self, counts: Any, passes: Any, top_k: int) -> None:
+        """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.
+
+        For the device path's counts-only mode; refused (ValueError) while the
+        trace or the probe is on, or when a row does not sum to passes x top_k.
+        Learns ``top_k`` when it was still 0 and passes were added.
+        """
+        with self._lock:
+            if self._closed:
+                raise _errors.closed()
+            state = self._state
+            added, more = _counts.added_counts(
+                counts, passes, top_k, self._num_layers, self._num_experts,
+                state.top_k or state.pred_k, self._trace is not None or self._pred is not None,
+            )
+            layers = tuple(
+                layer._replace(counts=tuple(a + b for a, b in zip(layer.counts, row)), passes=layer.passes + extra)
+                for layer, row, extra in zip(state.layers, added.tolist(), more.tolist())
+            )
+            top = state.top_k or (top_k if int(more.sum()) else 0)
+            self._state = _State(top, state.pred_k, layers)
 
 def _append(flat: array, committed: int, ids: array) -> None:
     """Put ``ids`` after the ``committed`` ids of ``flat``, dropping an uncommitted tail first."""

@@ -97,8 +97,20 @@ def analyze(
             if cache_sizes:
                 rates = _lru(ids, e, cache_sizes)
                 entry["lru_hit_rate"] = {str(c): value for c, value in rates.items()}
+        if capture.seq is not None:
+            # Batched captures: the trace metrics again, per sequence, pooled and per phase.
+            from .sequences import layer_by_sequence
+
+            entry.update(layer_by_sequence(capture, layer, window_sizes, cache_sizes))
         layers.append(entry)
-    document = {
+    extra: dict[str, Any] = {}
+    if capture.seq is not None:
+        from .sequences import sequence_ids
+
+        extra["sequences"] = len(sequence_ids(capture))
+    if capture.pilot_distance is not None:
+        extra["pilot_distance"] = list(capture.pilot_distance)
+    return {
         "num_layers": capture.num_layers,
         "num_experts": e,
         "top_k": k,
@@ -108,10 +120,8 @@ def analyze(
             "trace_matches_counts": None if trace is None else not trace_mismatches(capture),
         },
         "layers": layers,
+        **extra,
     }
-    if capture.pilot_distance is not None:
-        document["pilot_distance"] = list(capture.pilot_distance)
-    return document
 
 
 def self_test(capture: Capture, result: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -294,19 +304,24 @@ def window_distinct(
 
 
 def _window_distinct(bits: np.ndarray, windows: Sequence[int]) -> dict[int, float | None]:
+    # Integer total, one division: the same float as summing the sizes.
+    return {m: (total / count if count else None) for m, (total, count) in _window_totals(bits, windows).items()}
+
+
+def _window_totals(bits: np.ndarray, windows: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """{M: (sum of the union sizes, number of windows)} over the windows of M consecutive passes."""
     passes = bits.shape[0]
     spans = _Spans(bits)
-    result: dict[int, float | None] = {}
+    result: dict[int, tuple[int, int]] = {}
     for m in windows:
         if m > passes:
-            result[m] = None
+            result[m] = (0, 0)
             continue
         count = passes - m + 1
         j = m.bit_length() - 1
         table = spans.level(j)
         union = table[:count] | table[m - (1 << j) :][:count]
-        # Integer total, one division: the same float as summing the sizes.
-        result[m] = int(_popcount(union).sum()) / count
+        result[m] = (int(_popcount(union).sum()), count)
     return result
 
 
@@ -324,11 +339,15 @@ def reuse(ids: np.ndarray, num_experts: int) -> float | None:
 
 
 def _reuse(bits: np.ndarray) -> float | None:
-    passes = bits.shape[0]
-    if passes < 2:
-        return None
-    ratios = _popcount(bits[1:] & bits[:-1]) / _popcount(bits[1:])
-    return math.fsum(ratios.tolist()) / (passes - 1)
+    ratios = _reuse_ratios(bits)
+    return math.fsum(ratios.tolist()) / ratios.shape[0] if ratios.shape[0] else None
+
+
+def _reuse_ratios(bits: np.ndarray) -> np.ndarray:
+    """|S_p & S_(p-1)| / |S_p| for p >= 1, as float64 (P - 1,)."""
+    if bits.shape[0] < 2:
+        return np.zeros(0, dtype=np.float64)
+    return _popcount(bits[1:] & bits[:-1]) / _popcount(bits[1:])
 
 
 def pilot_scores(
@@ -347,11 +366,13 @@ def _pilot(guess: np.ndarray, actual: np.ndarray) -> tuple[float | None, float |
     aligned = min(guess.shape[0], actual.shape[0])
     if aligned == 0:
         return None, None
-    guess, actual = guess[:aligned], actual[:aligned]
-    ratios = _popcount(guess & actual) / _popcount(actual)
-    recall = math.fsum(ratios.tolist()) / aligned
-    exact = int((guess == actual).all(axis=1).sum())
-    return recall, exact / aligned
+    ratios, exact = _pilot_passes(guess[:aligned], actual[:aligned])
+    return math.fsum(ratios.tolist()) / aligned, int(exact.sum()) / aligned
+
+
+def _pilot_passes(guess: np.ndarray, actual: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per aligned pass: the recall ratio, and whether the two sets are equal."""
+    return _popcount(guess & actual) / _popcount(actual), (guess == actual).all(axis=1)
 
 
 def lru_hit_rates(

@@ -1,8 +1,8 @@
 """Load a router-histogram capture (the JSON ``RouterHistogram`` writes) into numpy arrays.
 
 The file is ``{"num_layers":L,"num_experts":E,"top_k":K,"counts":[[E ints] x L]``
-then optionally ``"trace"`` and ``"pred"`` (L rows of flat ids, K per pass) and
-``"router_logits"``. ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
+then optionally ``"trace"`` and ``"pred"`` (L rows of flat ids, K per pass),
+``"router_logits"``, and ``"seq"`` and ``"phase"`` (L rows, one entry per pass). ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
 rows are reshaped to (passes, top_k), or raises ``ValueError`` naming what is
 wrong with the file.
 
@@ -28,7 +28,7 @@ import numpy as np
 __all__ = ["Capture", "RouterLogits", "load", "loads"]
 
 # Keys whose values are L rows of non-negative integers.
-_ROW_KEYS = ("counts", "trace", "pred")
+_ROW_KEYS = ("counts", "trace", "pred", "seq", "phase")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -53,6 +53,9 @@ class Capture:
     (0, top_k) in captures from the recorder, and a row may hold fewer passes
     than the trace (only the common prefix aligns).
     ``router_logits``: None, or the single captured logit row.
+    ``seq`` and ``phase``: None, or a list of num_layers 1-D int64 arrays with one
+    entry per pass of the layer: the pass's sequence id, and its phase (0 =
+    prompt, 1 = decode), when the capture was recorded with ``record_batch``.
     ``pilot_distance``: None, or per layer how many layers before it its
     predictions were made (0: none), present when a model capture's probe
     crossed a dense layer.
@@ -65,6 +68,8 @@ class Capture:
     trace: tuple[np.ndarray, ...] | None = None
     pred: tuple[np.ndarray, ...] | None = None
     router_logits: RouterLogits | None = None
+    seq: list[np.ndarray] | None = None
+    phase: list[np.ndarray] | None = None
     pilot_distance: tuple[int, ...] | None = None
 
     @property
@@ -109,6 +114,8 @@ _KEY = re.compile(_WS + rb'"([A-Za-z_][A-Za-z0-9_]*)"' + _WS + rb":" + _WS)
 _EMPTY_ROWS = re.compile(rb"\[" + _WS + rb"\]")
 _ROWS_END = re.compile(rb"\]" + _WS + rb"\]")
 _SEPARATOR = re.compile(_WS + rb"([,}])")
+# Whitespace may separate tokens but never split one: "[1 1]" is not "[11]".
+_SPLIT_NUMBER = re.compile(rb"[0-9][ \t\r\n]+[0-9]")
 _WHITESPACE = b" \t\r\n"
 
 
@@ -167,7 +174,7 @@ def _fast_rows(raw: bytes, pos: int) -> tuple[list[np.ndarray], int]:
     # exponents or anything else go to the exact json path.
     rest = block.translate(None, b"0123456789,[]")
     if rest:
-        if rest.translate(None, _WHITESPACE):
+        if rest.translate(None, _WHITESPACE) or _SPLIT_NUMBER.search(block):
             raise _NotFast
         block = b"".join(block.split())
     if not (block.startswith(b"[") and block.endswith(b"]")):
@@ -252,8 +259,9 @@ def _build(fields: dict[str, Any]) -> Capture:
     trace = _id_rows(fields, "trace", num_layers, num_experts, top_k)
     pred = _id_rows(fields, "pred", num_layers, num_experts, top_k)
     logits = _router_logits(fields.get("router_logits"), num_layers)
+    seq, phase = _sequence_rows(fields, counts, trace, top_k)
     distance = _pilot_distance(fields.get("pilot_distance"), num_layers)
-    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, distance)
+    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance)
 
 
 def _pilot_distance(value: Any, num_layers: int) -> tuple[int, ...] | None:
@@ -333,6 +341,37 @@ def _id_rows(
                 )
         shaped.append(row.reshape(-1, top_k) if top_k else row.reshape(0, 0))
     return tuple(shaped)
+
+
+def _sequence_rows(
+    fields: dict[str, Any], counts: np.ndarray, trace: tuple[np.ndarray, ...] | None, top_k: int
+) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+    """The optional per-pass ``seq`` and ``phase`` rows, one entry per pass of each layer."""
+    present = [key for key in ("seq", "phase") if key in fields]
+    if not present:
+        return None, None
+    if len(present) == 1:
+        missing = "phase" if present == ["seq"] else "seq"
+        raise ValueError(f"{present[0]!r} is present without {missing!r}: the two come together")
+    num_layers = counts.shape[0]
+    seq = _int_rows(fields["seq"], "seq", num_layers)
+    phase = _int_rows(fields["phase"], "phase", num_layers)
+    for layer in range(num_layers):
+        if trace is not None:
+            passes = trace[layer].shape[0]
+        else:
+            total = int(counts[layer].sum())
+            passes = total // top_k if top_k else 0
+        for key, row in (("seq", seq[layer]), ("phase", phase[layer])):
+            if row.shape[0] != passes:
+                raise ValueError(
+                    f"{key}[{layer}] has {row.shape[0]} entries, expected one per pass of the layer ({passes})"
+                )
+        _check_non_negative(seq[layer], f"seq[{layer}]")
+        bad = phase[layer][(phase[layer] != 0) & (phase[layer] != 1)]
+        if bad.size:
+            raise ValueError(f"phase[{layer}] holds {int(bad[0])}; a phase is 0 (prompt) or 1 (decode)")
+    return seq, phase
 
 
 def _router_logits(value: Any, num_layers: int) -> RouterLogits | None:

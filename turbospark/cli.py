@@ -1,4 +1,5 @@
-"""The ``turbospark`` command: ``analyze``, ``plot`` and ``demo``.
+"""The ``turbospark`` command: ``analyze``, ``plot``, ``demo``; ``place``, ``export`` (``_cli_place``);
+``compare``, ``merge`` (``_cli_tools``).
 
 Exit status: 0 when everything asked for holds; 1 when a capture check (or
 ``--self-test``) fails, the report still printed; 2 when the job could not be
@@ -63,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         help="also require pilot recall 1.0 on every layer with predictions "
         "(a capture made with pilot='self' checks the probe's wiring)",
     )
+    from ._cli_analyze_extras import add_options
+    from ._cli_place import fraction
+
+    add_options(analyze_cmd, _positive, fraction)
     analyze_cmd.set_defaults(run=_run_analyze)
 
     plot_cmd = commands.add_parser(
@@ -71,9 +76,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Draw a capture: layer x expert selection share, distinct experts per "
         "window of M passes against uniform routing, pilot recall per layer against random.",
     )
-    plot_cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    plot_cmd.add_argument("capture", metavar="CAPTURE", nargs="?", help="capture JSON file")
     plot_cmd.add_argument(
         "-o", "--output", metavar="FILE.png", help="image to write (default: CAPTURE with .png)"
+    )
+    plot_cmd.add_argument(
+        "--placement", metavar="FILE",
+        help="instead of a capture, draw a placement's per-layer imbalance before and after, "
+        "in and out of sample (turbospark place's JSON)",
     )
     plot_cmd.add_argument(
         "--max-window", type=_positive, default=16, metavar="M",
@@ -107,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
                           "self-test, the layer itself")
     _add_analysis_options(demo_cmd)
     demo_cmd.set_defaults(run=_run_demo)
+
+    from . import _cli_place, _cli_tools
+
+    _cli_place.add_commands(commands, _positive)
+    _cli_tools.add_commands(commands)
     _add_record_command(commands)
     return parser
 
@@ -179,20 +194,32 @@ def _load(path: str) -> Capture | None:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
+    from ._cli_analyze_extras import extras
+
     capture = _load(args.capture)
     if capture is None:
         return EXIT_UNUSABLE
-    return _report(capture, args, self_testing=args.self_test)
+    try:
+        extra = extras(capture, args)
+    except ValueError as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return _report(capture, args, self_testing=args.self_test, extra=extra)
 
 
-def _report(capture: Capture, args: argparse.Namespace, *, self_testing: bool = False) -> int:
-    """Analyse and print; returns the exit status the checks call for."""
+def _report(capture: Capture, args: argparse.Namespace, *, self_testing: bool = False, extra: Any = None) -> int:
+    """Analyse and print (with ``extra``: keys and lines from ``_cli_analyze_extras``);
+    returns the exit status the checks call for."""
     result = analyze(capture, args.window or DEFAULT_WINDOWS, args.cache or ())
     out = sys.stdout
+    if extra is not None:
+        result.update(extra.doc)
     if args.json:
         out.write(json.dumps(result) + "\n")
     else:
         out.write(format_report(capture, result))
+        if extra is not None:
+            out.write("".join(line + "\n" for line in extra.lines))
     ok = result["checks"]["counts_sum_ok"] and result["checks"]["trace_matches_counts"] is not False
     if self_testing:
         # With --json, stdout carries the document alone; the verdict goes to stderr.
@@ -231,6 +258,13 @@ def _recall(value: float | None) -> str:
 def _run_plot(args: argparse.Namespace) -> int:
     from .plot import MissingMatplotlib, plot_capture
 
+    if (args.capture is None) == (args.placement is None):
+        print("turbospark: plot takes a CAPTURE or --placement FILE (one of the two)", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.placement is not None:
+        from ._cli_place import draw_placement
+
+        return draw_placement(args.placement, args.output or _png_beside(args.placement))
     capture = _load(args.capture)
     if capture is None:
         return EXIT_UNUSABLE

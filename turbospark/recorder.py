@@ -21,10 +21,12 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _env, _sigterm
+from . import _convert, _env, _errors, _paths, _sequences, _sigterm
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
+from ._destination import check_destination
 from ._f32display import format_f32_row
+from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -78,11 +80,30 @@ def _logits_request(router_logits: Any, num_layers: int) -> tuple[int, int]:
     return (layer, _whole("router_logits pass", pass_, 0, 2**64 - 1))
 
 
+def _useless(layers: int, experts: int, top_k: int, *, from_env: bool) -> list[str]:
+    """Why this configuration can only produce a useless capture, phrased as errors for the
+    constructor or as warnings for ``from_env`` (which, like the reference, records anyway)."""
+    problems = []
+    if layers == 0:
+        problems.append(
+            "num_layers is 0: the recorder can record nothing (every layer index is out of range); recording anyway"
+            if from_env
+            else "num_layers must be at least 1, got 0: a recorder with no layers can record nothing"
+        )
+    if top_k > experts:
+        problems.append(
+            f"top_k={top_k} exceeds num_experts={experts}: a router cannot pick more experts than it has"
+            + ("; recording anyway, as the reference does" if from_env else "")
+        )
+    return problems
+
+
 class _Facade:
     """Everything of ``RouterHistogram`` that is not a per-call hot path."""
 
     _path: str
     _owner_pid: int
+    _columns: Optional[_sequences.SequenceColumns]
 
     def __init__(
         self,
@@ -95,6 +116,21 @@ class _Facade:
         pilot: Optional[str] = None,
         router_logits: Optional[tuple[int, int]] = None,
     ) -> None:
+        self._start(path, num_layers, num_experts, top_k, trace, pilot, router_logits, from_env=False)
+
+    def _start(
+        self,
+        path: PathLike,
+        num_layers: int,
+        num_experts: int,
+        top_k: int,
+        trace: bool,
+        pilot: Optional[str],
+        router_logits: Optional[tuple[int, int]],
+        *,
+        from_env: bool,
+    ) -> None:
+        """Check the configuration and start recording; ``from_env`` turns a bad destination into a warning."""
         text = _path_text(path)
         layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
         experts = _whole("num_experts", num_experts, 1, 2**32)
@@ -102,12 +138,35 @@ class _Facade:
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
+        for problem in _useless(layers, experts, k, from_env=from_env):
+            if from_env:
+                warn_caller(problem)
+            else:
+                raise ValueError(problem)
+        if pilot is not None and not trace:
+            warn_caller(
+                (f"{_env.PILOT} is set but {_env.TRACE} is not" if from_env else f"pilot={pilot!r} with trace=False")
+                + ": the predictions can never be scored (pilot recall compares them with the trace); "
+                + (f"set {_env.TRACE}=1" if from_env else "pass trace=True")
+            )
+        try:
+            check_destination(text)
+        except OSError as exc:
+            if not from_env:
+                raise
+            # An environment setting must never stop a runtime: say it now, record anyway.
+            warn_caller(f"{_env.HIST}={text!r}: {exc.strerror}; recording anyway, but the capture "
+                        "will be lost unless that is fixed before it is written")
         # Read (and warn about) the setting before this recorder exists, so a
         # warning turned into an error leaves nothing behind to write.
         handle_sigterm = _sigterm.requested()
         super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)  # type: ignore[call-arg]
-        self._path = text
+        self._path = _paths.per_process(text)
         self._owner_pid = os.getpid()
+        self._columns = None
+        self._batch_lock = threading.RLock()
+        # Staged data (the device path) to hand to the core before any write.
+        self._drains: list[Any] = []
         with _live_lock:
             _live.add(self)
         if handle_sigterm:
@@ -119,8 +178,11 @@ class _Facade:
 
         None when ``TURBOSPARK_ROUTER_HIST`` is unset or empty, or when
         ``num_experts`` is 0 (a dense model has nothing to count), exactly as
-        the reference. An unusable router-logits setting is ignored with a
-        ``RuntimeWarning``. Raises TypeError/ValueError for invalid sizes.
+        the reference. Lenient where the constructor is strict: an unusable
+        router-logits setting, an unwritable destination, zero layers,
+        ``top_k > num_experts`` or the probe without the trace each give a
+        ``RuntimeWarning`` and recording goes on. Raises TypeError/ValueError
+        for invalid sizes (negative, non-integer).
         """
         _whole("num_layers", num_layers, 0, _MAX_SIZE)
         _whole("num_experts", num_experts, 0, 2**32)
@@ -129,15 +191,18 @@ class _Facade:
             return None
         config = _env.config_from_env(num_layers)
         assert config is not None
-        return cls(  # type: ignore[return-value]
+        recorder = cls.__new__(cls)
+        recorder._start(
             config.path,
             num_layers,
             num_experts,
             top_k,
-            trace=config.trace,
-            pilot=config.pilot,
-            router_logits=config.router_logits,
+            config.trace,
+            config.pilot,
+            config.router_logits,
+            from_env=True,
         )
+        return recorder  # type: ignore[return-value]
 
     @property
     def path(self) -> str:
@@ -162,15 +227,67 @@ class _Facade:
         """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
         return self.predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
 
+    def record_batch(self, layer: int, ids_2d: Any, *, seq: Any, phase: str, mask: Any = None) -> None:
+        """Record a block of passes that belong to different sequences, in one phase.
+
+        Takes ``ids_2d`` (n, top_k) integer ids (ndarray, nested list or CPU
+        tensor), ``seq`` one non-negative sequence id per row (list, ndarray or
+        CPU tensor), ``phase`` ``"prompt"`` or ``"decode"`` for every row, and
+        an optional boolean ``mask`` of length n: only the rows it keeps are
+        validated and recorded (the others may hold anything, e.g. -1 padding).
+        Counts and trace are exactly those of ``record_many`` with the kept
+        rows; the capture then also carries each pass's sequence id and phase.
+        Raises what ``record_many`` raises, and TypeError/ValueError for a bad
+        ``seq``, ``phase`` or ``mask``; a rejected call records nothing.
+        """
+        with self._batch_lock:
+            if self.closed:  # type: ignore[attr-defined]
+                raise _errors.closed()
+            index = _convert.check_layer(layer, self.num_layers)  # type: ignore[attr-defined]
+            code = _sequences.phase_code(phase)
+            block = _sequences.block_copy(ids_2d)
+            rows = block.shape[0]
+            seq_ids = _sequences.seq_copy(seq, rows)
+            keep = _sequences.mask_copy(mask, rows)
+            if keep is not None:
+                block, seq_ids = block[keep], seq_ids[keep]
+            self.record_many(index, block)  # type: ignore[attr-defined]
+            if block.shape[0] == 0:
+                return
+            if self._columns is None:
+                self._columns = _sequences.SequenceColumns(self.num_layers)  # type: ignore[attr-defined]
+            # The kept rows are the layer's newest passes.
+            passes = int(self.passes_array()[index])  # type: ignore[attr-defined]
+            self._columns.extend(index, passes - block.shape[0], seq_ids, code)
+
     def _document(self) -> bytes:
+        self._drain()
         capture = self.logits_capture()  # type: ignore[attr-defined]
         if capture is None:
-            tail = b"}"
+            tail = b""
         else:
             layer, pass_, values = capture
             row = "null" if values is None else format_f32_row(values)
-            tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}}}'.encode("ascii")
-        return self.json_document(tail)  # type: ignore[attr-defined, no-any-return]
+            tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
+        with self._batch_lock:
+            if self._columns is None:
+                return self.json_document(tail + b"}")  # type: ignore[attr-defined, no-any-return]
+            # The columns must match the passes of the core's snapshot: passes
+            # only grow, so equal counts before and after pin that snapshot.
+            while True:
+                before = self.passes_array()  # type: ignore[attr-defined]
+                head = self.json_document(tail)  # type: ignore[attr-defined]
+                if np.array_equal(before, self.passes_array()):  # type: ignore[attr-defined]
+                    return head + self._columns.json_tail(before.tolist()) + b"}"  # type: ignore[no-any-return]
+
+    def _add_drain(self, drain: Any) -> None:
+        """Call ``drain()`` before every write and before closing (the device path's staged ids)."""
+        with self._batch_lock:
+            self._drains.append(drain)
+
+    def _drain(self) -> None:
+        for drain in list(self._drains):
+            drain()
 
     def to_json(self) -> str:
         """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
@@ -186,6 +303,10 @@ class _Facade:
         Only the process that created the recorder writes: a forked child's
         copy closes silently, so it can never overwrite the parent's capture.
         """
+        if self.closed:  # type: ignore[attr-defined]
+            return
+        if os.getpid() == self._owner_pid:
+            self._drain_and_report()
         if not self._mark_closed():  # type: ignore[attr-defined]
             return
         with _live_lock:
@@ -194,7 +315,16 @@ class _Facade:
             return
         self._write_and_report()
 
+    def _drain_and_report(self) -> None:
+        # A refused staged call must not cost the capture its write.
+        try:
+            self._drain()
+        except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
+            _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
+
     def _write_and_report(self) -> None:
+        if not self.closed:  # type: ignore[attr-defined]
+            self._drain_and_report()
         with _live_lock:
             _writing.add(self)
         try:
@@ -212,6 +342,10 @@ class _Facade:
         finally:
             with _live_lock:
                 _writing.discard(self)
+
+    def _after_fork_in_child(self) -> None:
+        self._batch_lock = threading.RLock()
+        super()._after_fork_in_child()  # type: ignore[misc]
 
     def __enter__(self) -> "_Facade":
         return self
@@ -247,6 +381,11 @@ class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
     ``record``; ``pilot`` is None, ``"next"`` or ``"self"``; ``router_logits``
     is None or a ``(layer, pass)`` pair. ``RouterHistogram.from_env(...)``
     configures it from the ``TURBOSPARK_*`` variables instead.
+
+    The constructor raises ValueError for a capture that cannot be useful
+    (``num_layers == 0``, ``top_k > num_experts``), an OSError naming the path
+    when the destination cannot be written, and warns (RuntimeWarning) about a
+    pilot with the trace off, whose predictions could never be scored.
 
     Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d)``,
     ``record_prediction(layer, ids)``, ``record_router_logits(layer, row)``.

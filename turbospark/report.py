@@ -6,6 +6,8 @@ import math
 import textwrap
 from typing import Any, Callable
 
+import numpy as np
+
 from .analysis import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
 from .capture import Capture
 
@@ -23,6 +25,9 @@ def format_report(capture: Capture, result: dict[str, Any]) -> str:
     lines.append("")
     lines += _summary(result)
     lines.append("")
+    if "sequences" in result:
+        lines += _phases(result)
+        lines.append("")
     lines += _checks(capture, result)
     return "\n".join(lines) + "\n"
 
@@ -33,6 +38,9 @@ def _heading(capture: Capture) -> str:
         "trace: " + ("yes" if capture.trace is not None else "no (window, reuse, pilot and LRU need it)"),
         "predictions: " + ("yes" if capture.pred is not None else "no"),
     ]
+    if capture.seq is not None:
+        count = len({int(s) for row in capture.seq for s in np.unique(row).tolist()})
+        parts.append(f"sequences: {count} (trace metrics per sequence, never across)")
     return "capture: " + "; ".join(parts)
 
 
@@ -135,6 +143,25 @@ def _pilot_distance_lines(distances: list[int] | None) -> list[str]:
         return []
     listed = ", ".join(f"layer {layer} from layer {layer - d} ({d} layers ahead)" for layer, d in far)
     return [f"  pilot across dense layers: {listed}"]
+
+
+def _phases(result: dict[str, Any]) -> list[str]:
+    """Prompt and decode passes apart: the trace metrics over each phase's passes alone."""
+    layers = result["layers"]
+    routed = [r for r in layers if r["entropy_bits"] is not None]
+    out = ["by phase (means over routed layers; each sequence's passes of that phase alone):"]
+    for name in ("prompt", "decode"):
+        rows = [r["phases"][name] for r in routed]
+        parts = [f"{_fixed(_mean(rows, lambda r: r['passes']), 1)} passes per layer"]
+        windows = list((rows[0]["window_distinct"] or {}).keys()) if rows else []
+        for m in windows:
+            parts.append(f"d@{m} {_fixed(_mean(rows, lambda r: r['window_distinct'][m]), 2)}")
+        parts.append(f"reuse {_pct(_mean(rows, lambda r: r['reuse']))}")
+        parts.append(f"recall {_pct(_mean(rows, lambda r: r['pilot_recall']))}")
+        for c in (rows[0].get("lru_hit_rate") or {}).keys() if rows else []:
+            parts.append(f"lru@{c} {_pct(_mean(rows, lambda r: r['lru_hit_rate'][c]))}")
+        out.append(f"  {name}: " + ", ".join(parts))
+    return out
 
 
 def _checks(capture: Capture, result: dict[str, Any]) -> list[str]:

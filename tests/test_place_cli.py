@@ -1,0 +1,211 @@
+"""``turbospark place`` / ``export`` / ``analyze --placement``: formats, out-of-sample figures, batches, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from turbospark.cli import main
+from turbospark.placement.formats import parse_trtllm, read_placement
+from turbospark.placement.samples import batch_counts
+
+from placement_helpers import traced, write_capture
+
+# Layer 0 routes like test_global_with_replicas_by_hand (counts 1, 9, 4, 4), top-2;
+# layer 1 never routes.
+PASSES = [[1, 0], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3]]
+DOC = traced(4, 2, [PASSES, []])
+
+
+def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    out = tmp_path / "p.json"
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["inputs"] == {"capture": path, "num_layers": 2, "num_experts": 4, "top_k": 2, "gpus": 2,
+                             "slots": 6, "nodes": 1, "groups": None, "fit": None, "batch": None, "batches": None}
+    assert doc["physical_to_logical_map"] == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 0]]
+    # Layer 1 has no load: the published replication gives every spare slot to expert 0 (first maximum).
+    assert doc["replica_counts"] == [[1, 3, 1, 1], [3, 1, 1, 1]]
+    layer = doc["layers"][0]
+    # Trivial map 0 1 2 | 3 0 1: expert 0 and 1 have two replicas: 0.5 + 4.5 + 4 | 4 + 0.5 + 4.5.
+    assert layer["before"]["in_sample"] == {"imbalance": 0.0, "balancedness": 1.0, "max_load": 9.0, "mean_load": 9.0}
+    assert layer["after"]["in_sample"] == {"imbalance": 0.0, "balancedness": 1.0, "max_load": 9.0, "mean_load": 9.0}
+    assert layer["published_max_load"] == 10.0
+    assert layer["after"]["out_of_sample"] is None and layer["fit_passes"] == 9 and layer["test_passes"] is None
+    assert doc["layers"][1]["after"]["in_sample"]["imbalance"] is None
+    assert doc["summary"] == {"routed_layers": 1,
+                              "before": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
+                              "after": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None}}
+    assert capfd.readouterr().out == (
+        "placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 routed layers:\n"
+        "  in sample: 0.000 trivial -> 0.000 placed\n"
+        f"wrote {out} (json)\n")
+
+
+def test_sglang_and_trtllm_formats_exact_and_parsed_back(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
+    captured = capfd.readouterr()
+    assert captured.out == '{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n'
+    assert captured.err.startswith("placement: 2 layers x 4 experts")
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "trtllm"]) == 0
+    text = capfd.readouterr().out
+    # Only the routed layer 0, keyed by its index.
+    assert text == ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\n"
+                    "layer_updates_per_iter: 0\nnum_slots: 6\n")
+    assert parse_trtllm(text) == ({0: [1, 1, 1, 3, 2, 0]}, 6)
+    phy2log, gpus = read_placement(text, 2, 4, 2)
+    # A layer the YAML leaves out gets the trivial map.
+    assert phy2log.tolist() == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]] and gpus == 2
+    try:
+        import yaml  # only when already installed: the format must be plain YAML
+    except ImportError:
+        return
+    assert yaml.safe_load(text) == {"initial_global_assignments": {0: [1, 1, 1, 3, 2, 0]},
+                                    "layer_updates_per_iter": 0, "num_slots": 6}
+
+
+def test_export_sglang_logical_count(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    assert main(["export", path, "--to", "sglang"]) == 0
+    assert capfd.readouterr().out == '{"logical_count":[[1,9,4,4],[0,0,0,0]]}\n'
+
+
+def test_fit_and_batches_by_hand(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Fit on the first half (4 of 9 passes... int(0.5 * 9) = 4), judge on the other 5.
+    path = write_capture(tmp_path / "c.json", DOC)
+    assert main(["place", path, "--gpus", "2", "--fit", "0.5", "--batch", "2"]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    layer = doc["layers"][0]
+    assert (layer["fit_passes"], layer["test_passes"]) == (4, 5)
+    # Fit counts 1, 4, 2, 1: 4 -> GPU 0, 2 -> GPU 1, 1 (expert 0) -> GPU 1, 1 (expert 3) -> GPU 0
+    # (GPU 1 full): map [1, 3 | 2, 0], 5 | 3 in sample.
+    assert doc["physical_to_logical_map"][0] == [1, 3, 2, 0]
+    assert layer["after"]["in_sample"]["imbalance"] == 0.25
+    # Test passes (1,3)(1,2)(1,3)(1,2)(1,3): counts 0, 5, 2, 3 -> 8 | 2: worse out of sample.
+    assert layer["after"]["out_of_sample"]["imbalance"] == 0.6
+    # Batches of 2 consecutive passes: fit (1,0)(1,2) -> 2|2, (1,3)(1,2) -> 3|1; mean of 0 and 0.5.
+    assert layer["after"]["batch_in_sample"] == {"imbalance": 0.25, "batches": 2}
+    # Test: (1,3)(1,2) -> 3|1 twice; the fifth pass is a partial batch, left out.
+    assert layer["after"]["batch_out_of_sample"] == {"imbalance": 0.5, "batches": 2}
+    assert doc["inputs"]["batches"] == "consecutive passes"
+
+
+def test_batches_of_concurrent_sequences() -> None:
+    ids = np.array([[0], [1], [0], [2], [1], [3]])
+    seq = np.array([5, 7, 5, 9, 7, 9])
+    decode = np.ones(6, dtype=np.int64)
+    # Continuous batching, B=2: sequences 5 and 7 take the two rows at iteration 0 and run
+    # two steps each; 9 takes the first freed row at iteration 2. Iterations: (0, 1), (0, 1), (2), (3).
+    assert batch_counts(ids, 4, 2, (seq, decode)).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    assert batch_counts(ids, 4, 4, None).tolist() == [[2, 1, 1, 0]]
+    # A sequence's prompt passes are its first step; here each has one, so the steps are unchanged.
+    phase = np.array([0, 0, 1, 0, 1, 1])
+    assert batch_counts(ids, 4, 2, (seq, phase)).tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    # Two prompt passes share one step (one prefill), then one decode pass per step.
+    prompt_heavy = np.array([[0], [0], [1], [2]])
+    assert batch_counts(prompt_heavy, 4, 1, (np.array([3, 3, 3, 3]), np.array([0, 0, 1, 1]))).tolist() == [
+        [2, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]]
+
+
+def test_a_freed_row_takes_the_next_sequence() -> None:
+    # Sequences 0 (3 passes), 1 (1 pass), 2 (2 passes), B=2: 2 starts when 1 ends, at iteration 1.
+    ids = np.array([[0], [1], [0], [2], [0], [2]])
+    seq, decode = np.array([0, 1, 0, 2, 0, 2]), np.ones(6, dtype=np.int64)
+    assert batch_counts(ids, 3, 2, (seq, decode)).tolist() == [[1, 1, 0], [1, 0, 1], [1, 0, 1]]
+
+
+def test_batches_use_the_seq_key(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    doc = traced(4, 2, [PASSES, []], seq=[[0, 1, 0, 1, 0, 1, 0, 1, 0], []],
+                 phase=[[1] * 9, []])
+    path = write_capture(tmp_path / "c.json", doc)
+    assert main(["place", path, "--gpus", "2", "--batch", "2"]) == 0
+    out = json.loads(capfd.readouterr().out)
+    assert out["inputs"]["batches"] == "concurrent sequences"
+    # Batch j = j-th pass of sequences 0 and 1: passes (0,1), (2,3), (4,5), (6,7), then (8) alone.
+    assert out["layers"][0]["after"]["batch_in_sample"]["batches"] == 5
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus", "2", "--slots", "3"], "--slots 3 is fewer than the 4 experts: every expert needs a slot"),
+        (["--gpus", "4", "--slots", "6"], "--slots 6 not divisible by --gpus 4"),
+        (["--gpus", "4", "--nodes", "2", "--groups", "1"], "--groups 1 is not divisible by --nodes 2"),
+        (["--gpus", "2", "--fit", "0.5"], "--fit needs the capture's trace (record with trace=True): "
+         "counts alone do not say which passes came first"),
+        (["--gpus", "2", "--batch", "4"], "--batch needs the capture's trace (record with trace=True): "
+         "counts alone do not say which passes were served together"),
+    ],
+)
+def test_bad_inputs_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    doc = {key: DOC[key] for key in ("num_layers", "num_experts", "top_k", "counts")}
+    path = write_capture(tmp_path / "c.json", doc)
+    assert main(["place", path] + argv) == 2
+    assert capfd.readouterr() == ("", f"turbospark: {message}\n")
+
+
+def test_bad_fraction_is_an_argument_error(capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["place", "x.json", "--gpus", "2", "--fit", "1.5"])
+    assert info.value.code == 2
+    assert "must be strictly between 0 and 1, got 1.5" in capfd.readouterr().err
+
+
+def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "s.json"
+    placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,0],[0,1,2,3,0,1]]}')
+    assert main(["analyze", path, "--placement", str(placement)]) == 2
+    assert capfd.readouterr().err == (f"turbospark: {placement}: this placement file does not say "
+                                      "how many GPUs it is for: give --gpus\n")
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--json"]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    assert doc["placement"] == {"file": str(placement), "gpus": 2, "slots": 6, "layers": [
+        {"layer": 0, "imbalance": 1 / 9, "balancedness": 0.9, "max_load": 10.0, "mean_load": 9.0},
+        {"layer": 1, "imbalance": None, "balancedness": None, "max_load": 0.0, "mean_load": 0.0}]}
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[-4:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
+                          "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111"]
+    placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,1],[0,1,2,3,0,1]]}')
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
+    assert capfd.readouterr().err == f"turbospark: {placement}: expert 0 of layer 0 has no slot in the placement\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\nnum_slots: 6\nbogus: 1\n",
+         "line 4 is not part of a TensorRT-LLM EPLB file: 'bogus: 1'"),
+        ("initial_global_assignments:\n  0: [1, 1, 1, 3]\nnum_slots: 6\n", "layer 0 lists 4 experts, not num_slots=6"),
+        ("initial_global_assignments:\n  5: [1, 1, 1, 3, 2, 0]\nnum_slots: 6\n",
+         "layer 5 of the placement is not below num_layers=2"),
+        ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 layers, the capture 2"),
+        ('{"physical_to_logical_map":[[0,1,2,9],[0,1,2,3]]}', "the placement holds expert id 9, outside 0..3"),
+        ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only"),
+        ('{"physical_to_logical_map":[[0,1,2,3,0,1],[0,1,2,3,0,1]]}', "6 slots do not divide over 4 GPUs"),
+    ],
+)
+def test_bad_placement_files_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], text: str, message: str) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "bad.txt"
+    placement.write_text(text)
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "4" if "divide" in message else "2"]) == 2
+    assert capfd.readouterr() == ("", f"turbospark: {placement}: {message}\n")
+
+
+def test_gpus_without_a_placement_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", write_capture(tmp_path / "c.json", DOC), "--gpus", "2"]) == 2
+    assert capfd.readouterr() == ("", "turbospark: --gpus only applies to a --placement file\n")
+
+
+def test_malformed_sequence_keys_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    doc = traced(4, 2, [PASSES, []], seq=[[0, 1], []], phase=[[1, 1], []])
+    path = write_capture(tmp_path / "c.json", doc)
+    assert main(["place", path, "--gpus", "2", "--batch", "2"]) == 2
+    assert capfd.readouterr().err == f"turbospark: cannot read {path}: seq[0] has 2 entries, expected one per pass of the layer (9)\n"

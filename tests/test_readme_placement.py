@@ -1,0 +1,73 @@
+"""The README's placement section: its commands run as written, and the output it shows is what they print."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import turbospark
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def block(marker: str) -> str:
+    """The fenced block right after ``<!-- test: MARKER -->`` (then optional prose) in the README."""
+    text = README.read_text()
+    match = re.search(rf"<!-- test: {marker} -->\s*```[a-z]*\n(.*?)```", text, re.S)
+    assert match, f"no block marked {marker}"
+    return match.group(1)
+
+
+def commands(marker: str) -> list[str]:
+    return [line for line in block(marker).splitlines() if line.strip()]
+
+
+@pytest.fixture
+def shell(tmp_path: Path) -> dict[str, str]:
+    """An environment whose ``turbospark`` is this checkout's, run by this interpreter."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "turbospark"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m turbospark "$@"\n')
+    wrapper.chmod(0o755)
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    package_parent = str(Path(turbospark.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    return env
+
+
+def run(line: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    assert done.returncode == 0, (line, done.stderr)
+    return done
+
+
+def test_placement_example_runs_and_prints_what_the_readme_shows(tmp_path: Path, shell: dict[str, str]) -> None:
+    outputs = [run(line, shell, tmp_path).stdout for line in commands("placement-example")]
+    assert outputs[1] == block("placement-output")
+    assert list(json.loads((tmp_path / "sglang.json").read_text())) == ["physical_to_logical_map"]
+    assert (tmp_path / "eplb.yaml").read_text().startswith("initial_global_assignments:\n  0: [")
+    analysis = json.loads((tmp_path / "analysis.json").read_text())
+    assert len(analysis["placement"]["layers"]) == 16
+    assert list(json.loads((tmp_path / "logical_count.json").read_text())) == ["logical_count"]
+    assert len(json.loads((tmp_path / "compare.json").read_text())["layers"]) == 16
+    assert outputs[-2] == "merged 2 captures into merged.json\n"
+    assert outputs[-1] == "wrote placement.png\n"
+    assert (tmp_path / "placement.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(json.loads((tmp_path / "merged.json").read_text())["seq"][0]) == 2000
+    code = block("placement-python")
+    namespace: dict[str, object] = {}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    assert namespace["doc"]["summary"]["routed_layers"] == 16  # type: ignore[index]

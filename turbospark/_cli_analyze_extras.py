@@ -1,0 +1,80 @@
+"""``turbospark analyze`` additions: ``--placement FILE`` (per-layer imbalance of a placement)
+and ``--holdout F`` (coverage sets chosen on the first passes, judged on the rest)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .capture import Capture
+from .placement.document import evaluate_map
+from .placement.formats import read_placement
+
+__all__ = ["Extras", "add_options", "extras"]
+
+
+@dataclass
+class Extras:
+    """Keys added to the ``--json`` document, and lines appended to the text report."""
+
+    doc: dict[str, Any] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+
+def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -> None:
+    """Add ``--placement``, ``--gpus`` and ``--holdout`` to the analyze parser."""
+    parser.add_argument("--placement", metavar="FILE",
+                        help="also report per-layer GPU load imbalance of this placement "
+                        "(turbospark's JSON, SGLang's or TensorRT-LLM's file)")
+    parser.add_argument("--gpus", type=positive, metavar="G",
+                        help="GPUs of a --placement file that does not say (SGLang's, TensorRT-LLM's)")
+    parser.add_argument("--holdout", type=fraction, metavar="F",
+                        help="choose coverage sets on the first fraction F of each layer's passes "
+                        "and report how they cover the rest (needs the trace)")
+
+
+def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
+    """The additions asked for by ``args``, or None. Raises ``ValueError`` naming the problem."""
+    if args.gpus is not None and args.placement is None:
+        raise ValueError("--gpus only applies to a --placement file")
+    if args.placement is None and args.holdout is None:
+        return None
+    out = Extras()
+    if args.placement is not None:
+        _placement(capture, args.placement, args.gpus, out)
+    if args.holdout is not None:
+        from .holdout import holdout, holdout_lines
+
+        doc = holdout(capture, args.holdout)
+        out.doc["holdout"] = doc
+        out.lines += holdout_lines(doc)
+    return out
+
+
+def _placement(capture: Capture, path: str, gpus: Optional[int], out: Extras) -> None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        phy2log, gpus = read_placement(text, capture.num_layers, capture.num_experts, gpus)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    stats = evaluate_map(capture, phy2log, gpus)
+    out.doc["placement"] = {
+        "file": path, "gpus": gpus, "slots": int(phy2log.shape[1]),
+        "layers": [{"layer": layer, **row} for layer, row in enumerate(stats)],
+    }
+    out.lines += ["", f"placement {path}: {phy2log.shape[1]} slots on {gpus} GPUs; "
+                  "GPU load imbalance (max - mean) / mean and balancedness mean / max per layer:",
+                  "layer  imbalance  balancedness"]
+    for layer, row in enumerate(stats):
+        if row["imbalance"] is None:
+            out.lines.append(f"{layer:>5}          -             -  (no load)")
+        else:
+            out.lines.append(f"{layer:>5}  {row['imbalance']:>9.3f}  {row['balancedness']:>12.3f}")
+    values = [row["imbalance"] for row in stats if row["imbalance"] is not None]
+    if values:
+        out.lines.append(f"mean imbalance over {len(values)} loaded layers: {sum(values) / len(values):.3f}")

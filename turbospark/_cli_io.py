@@ -1,0 +1,51 @@
+"""Reading captures and writing results for the decision commands (place, export, compare, merge)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Optional
+
+from ._atomic import write_atomic
+from .capture import Capture, loads
+from .capture_sequences import Sequences, sequences
+
+__all__ = ["UsageError", "emit", "read_capture", "run_guarded"]
+
+
+class UsageError(Exception):
+    """A job that cannot be done as asked; its message is printed and the command exits 2."""
+
+
+def read_capture(path: str, *, with_sequences: bool = False) -> tuple[Capture, Optional[Sequences]]:
+    """Load the capture at ``path`` (and its seq/phase when asked); raises ``UsageError`` naming the file."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+        capture = loads(raw)
+        return capture, (sequences(capture) if with_sequences else None)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+
+
+def emit(text: str, output: Optional[str]) -> None:
+    """Write ``text`` atomically to ``output``, or to stdout when it is None or "-"."""
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        write_atomic(output, text.encode("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def run_guarded(job: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run ``job(args)``; a ``UsageError`` or ``ValueError`` (bad settings, files that do not fit
+    together) prints ``turbospark: MESSAGE`` on stderr and gives exit 2."""
+    try:
+        return int(job(args))
+    except (UsageError, ValueError) as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 2

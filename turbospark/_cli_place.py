@@ -1,0 +1,110 @@
+"""``turbospark place`` and ``turbospark export``: expert placement from a capture, in the runtimes' formats."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from ._cli_io import UsageError, emit, read_capture, run_guarded
+from .placement.document import build, summary_lines
+from .placement.formats import FORMATS, render
+
+__all__ = ["add_commands", "draw_placement", "fraction"]
+
+
+def add_commands(commands: Any, positive: Any) -> None:
+    """Add ``place`` and ``export`` to the subcommand set ``commands``; ``positive`` parses counts."""
+    cmd = commands.add_parser(
+        "place",
+        help="place experts on GPUs for expert parallelism (EPLB, refined), with imbalance in and out of sample",
+        description="Compute per layer a placement of the experts onto S slots on G GPUs "
+        "(S - E replicas of the busiest experts), evaluate its load imbalance, and write it as "
+        "turbospark's JSON, SGLang's --init-expert-location file or TensorRT-LLM's EPLB YAML.",
+    )
+    cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    cmd.add_argument("--gpus", type=positive, required=True, metavar="G", help="GPUs (expert-parallel ranks)")
+    cmd.add_argument("--slots", type=positive, metavar="S", help="physical expert slots per layer (default: E)")
+    cmd.add_argument("--nodes", type=positive, default=1, metavar="N", help="nodes (default 1)")
+    cmd.add_argument("--groups", type=positive, metavar="X",
+                     help="expert groups; all replicas of a group's experts stay on one node")
+    cmd.add_argument("--fit", type=fraction, metavar="F",
+                     help="choose from the first fraction F of each layer's passes, judge on the rest (needs the trace)")
+    cmd.add_argument("--batch", type=positive, metavar="B",
+                     help="also report imbalance per serving batch of B passes (needs the trace)")
+    cmd.add_argument("--format", choices=FORMATS, default="json", help="output format (default json)")
+    cmd.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
+    cmd.set_defaults(run=lambda args: run_guarded(_run_place, args))
+
+    export = commands.add_parser(
+        "export", help="write a capture's counts for a runtime that runs its own balancer",
+        description="Write the per-layer expert counts as SGLang's "
+        '--init-expert-location {"logical_count": ...} file.',
+    )
+    export.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    export.add_argument("--to", choices=("sglang",), required=True, help="target runtime")
+    export.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
+    export.set_defaults(run=lambda args: run_guarded(_run_export, args))
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {text}")
+    return value
+
+
+def _run_place(args: argparse.Namespace) -> int:
+    capture, seqs = read_capture(args.capture, with_sequences=True)
+    doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
+                           groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
+                           source=args.capture)
+    routed = [layer for layer, total in enumerate(capture.totals.tolist()) if total > 0]
+    emit(render(args.format, doc, placement.phy2log, routed), args.output)
+    # The document goes to stdout without -o; the summary then goes to stderr.
+    out = sys.stderr if args.output in (None, "-") else sys.stdout
+    for line in summary_lines(doc):
+        print(line, file=out)
+    if args.output not in (None, "-"):
+        print(f"wrote {args.output} ({args.format})", file=out)
+    return 0
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    capture, _ = read_capture(args.capture)
+    if capture.num_experts == 0:
+        raise UsageError(f"{args.capture} has no experts to export")
+    counts: np.ndarray = capture.counts
+    emit(json.dumps({"logical_count": counts.tolist()}, separators=(",", ":")) + "\n", args.output)
+    return 0
+
+
+def draw_placement(path: str, output: str) -> int:
+    """``plot --placement``: draw the placement document at ``path`` into ``output``; returns the exit status."""
+    import os
+
+    from .plot import MissingMatplotlib
+    from .plot_placement import plot_placement, read_document
+
+    try:
+        doc = read_document(path)
+    except (OSError, ValueError) as exc:
+        print(f"turbospark: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return 2
+    try:
+        plot_placement(doc, output, title=os.path.basename(path))
+    except MissingMatplotlib as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {output}")
+    return 0

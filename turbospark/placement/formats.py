@@ -1,0 +1,143 @@
+"""Placement files: turbospark's JSON document, SGLang's and TensorRT-LLM's inputs, and reading them back.
+
+* ``sglang``: exactly ``{"physical_to_logical_map": [[...], ...]}`` (layers x
+  slots), what ``--init-expert-location`` takes; SGLang passes every key on,
+  so nothing else is written.
+* ``trtllm``: the YAML of TensorRT-LLM's offline EP load balancer:
+  ``initial_global_assignments`` (routed layers only, keyed by the integer
+  layer index, each a flow list of the slots' experts), ``layer_updates_per_iter: 0``
+  and ``num_slots``, keys in that (alphabetical, as ``yaml.dump`` sorts) order.
+  Written by hand: no YAML dependency.
+* ``json``: turbospark's own document (see ``turbospark.placement.document``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FORMATS", "parse_trtllm", "read_placement", "render", "sglang_text", "trtllm_text"]
+
+FORMATS = ("json", "sglang", "trtllm")
+
+
+def sglang_text(phy2log: np.ndarray) -> str:
+    """The SGLang ``--init-expert-location`` file for an (L, S) map."""
+    return json.dumps({"physical_to_logical_map": phy2log.tolist()}, separators=(",", ":")) + "\n"
+
+
+def trtllm_text(phy2log: np.ndarray, routed: list[int]) -> str:
+    """TensorRT-LLM's EPLB YAML for an (L, S) map, listing only the ``routed`` layers."""
+    lines = ["initial_global_assignments:"]
+    for layer in routed:
+        lines.append(f"  {layer}: [{', '.join(map(str, phy2log[layer].tolist()))}]")
+    if not routed:
+        lines[0] += " {}"
+    lines += ["layer_updates_per_iter: 0", f"num_slots: {phy2log.shape[1]}"]
+    return "\n".join(lines) + "\n"
+
+
+def render(fmt: str, document: dict[str, Any], phy2log: np.ndarray, routed: list[int]) -> str:
+    """The text of a placement in format ``fmt`` (one of ``FORMATS``)."""
+    if fmt == "sglang":
+        return sglang_text(phy2log)
+    if fmt == "trtllm":
+        return trtllm_text(phy2log, routed)
+    return json.dumps(document) + "\n"
+
+
+_YAML_ROW = re.compile(r"^  (\d+): \[([0-9, ]*)\]$")
+
+
+def parse_trtllm(text: str) -> tuple[dict[int, list[int]], int]:
+    """Read the YAML ``trtllm_text`` writes (block keys, one flow list per layer).
+
+    Returns ({layer: experts}, num_slots). Raises ``ValueError`` naming the
+    line that is not in that shape.
+    """
+    rows: dict[int, list[int]] = {}
+    num_slots = None
+    section = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line in ("initial_global_assignments:", "initial_global_assignments: {}"):
+            section = "assignments"
+            continue
+        match = _YAML_ROW.match(line)
+        if match and section == "assignments":
+            values = match.group(2).replace(" ", "")
+            rows[int(match.group(1))] = [int(v) for v in values.split(",")] if values else []
+            continue
+        key, _, value = line.partition(":")
+        if key in ("num_slots", "layer_updates_per_iter") and value.strip().isdigit():
+            section = None
+            if key == "num_slots":
+                num_slots = int(value)
+            continue
+        raise ValueError(f"line {number} is not part of a TensorRT-LLM EPLB file: {line!r}")
+    if num_slots is None:
+        raise ValueError("no num_slots in the TensorRT-LLM EPLB file")
+    return rows, num_slots
+
+
+def read_placement(
+    text: str, num_layers: int, num_experts: int, gpus: int | None
+) -> tuple[np.ndarray, int]:
+    """A placement file's (L, S) map and GPU count, checked against a capture's geometry.
+
+    ``text`` is turbospark's JSON (it holds the GPU count), SGLang's JSON or
+    TensorRT-LLM's YAML (these need ``gpus``; layers the YAML leaves out get
+    the trivial map). Raises ``ValueError`` naming the problem: unreadable
+    file, wrong layer count, an expert id outside the capture, an expert with
+    no slot, slots not divisible by the GPU count.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "physical_to_logical_map" in doc:
+        rows = doc["physical_to_logical_map"]
+        if gpus is None:
+            gpus = (doc.get("inputs") or {}).get("gpus")
+        if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
+            raise ValueError("physical_to_logical_map must be a non-empty list of rows")
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError("the rows of physical_to_logical_map differ in length")
+        phy2log = np.array(rows, dtype=np.int64) if all(type(v) is int for r in rows for v in r) else None
+        if phy2log is None:
+            raise ValueError("physical_to_logical_map must hold integers only")
+    else:
+        assignments, slots = parse_trtllm(text)
+        phy2log = np.broadcast_to(np.arange(slots) % max(num_experts, 1), (num_layers, slots)).copy()
+        for layer, row in assignments.items():
+            if layer >= num_layers:
+                raise ValueError(f"layer {layer} of the placement is not below num_layers={num_layers}")
+            if len(row) != slots:
+                raise ValueError(f"layer {layer} lists {len(row)} experts, not num_slots={slots}")
+            phy2log[layer] = row
+    if gpus is None:
+        raise ValueError("this placement file does not say how many GPUs it is for: give --gpus")
+    check_map(phy2log, num_layers, num_experts, gpus)
+    return phy2log, int(gpus)
+
+
+def check_map(phy2log: np.ndarray, num_layers: int, num_experts: int, gpus: int) -> None:
+    """Raise ``ValueError`` unless ``phy2log`` is an (L, S) map of valid experts, each placed, S % gpus == 0."""
+    layers, slots = phy2log.shape
+    if layers != num_layers:
+        raise ValueError(f"the placement has {layers} layers, the capture {num_layers}")
+    if type(gpus) is not int or gpus < 1 or slots % gpus:
+        raise ValueError(f"{slots} slots do not divide over {gpus!r} GPUs")
+    low, high = int(phy2log.min()), int(phy2log.max())
+    if low < 0 or high >= num_experts:
+        raise ValueError(f"the placement holds expert id {low if low < 0 else high}, outside 0..{num_experts - 1}")
+    from .evaluate import replica_counts
+
+    missing = np.argwhere(replica_counts(phy2log, num_experts) == 0)
+    if missing.size:
+        layer, expert = missing[0].tolist()
+        raise ValueError(f"expert {expert} of layer {layer} has no slot in the placement")
