@@ -150,6 +150,12 @@ def test_padded_batch_with_early_finishers_records_only_real_tokens(name: str, t
         mine = torch.cat(rows).numpy()
         assert cap.trace[layer].shape == (expected_passes, top_k)
         np.testing.assert_array_equal(np.sort(cap.trace[layer], axis=1), np.sort(mine, axis=1))
+        # Each pass tagged with its sequence (the batch row) and phase.
+        want_seq = [r for r in range(4) for _ in range(lengths[r])]
+        want_seq += [r for step in range(max(fed)) for r in range(4) if step < fed[r]]
+        assert cap.seq[layer].tolist() == want_seq
+        assert cap.phase[layer].tolist() == [0] * sum(lengths) + [1] * sum(fed)
+    assert turbospark.analyze(cap)["sequences"] == 4
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -204,7 +210,9 @@ def test_next_probe_without_dense_gaps_keeps_the_reference_json(tmp_path: Any) -
     with capture(model, path, trace=True, pilot="next") as rec:
         model(PROMPT[:, :2])
     doc = json.loads(path.read_text())
-    assert list(doc) == ["num_layers", "num_experts", "top_k", "counts", "trace", "pred"]
+    # The reference's keys, then the sequence tags (one prompt block of sequence 0).
+    assert list(doc) == ["num_layers", "num_experts", "top_k", "counts", "trace", "pred", "seq", "phase"]
+    assert doc["seq"] == [[0, 0]] * 3 and doc["phase"] == [[0, 0]] * 3
     assert [len(row) for row in doc["pred"]] == [0, 4, 4]
     assert rec.closed
 
@@ -306,3 +314,17 @@ def test_plain_forward_with_padding_records_real_tokens_only(tmp_path: Any) -> N
     result = verify(model, path, ids, mask)
     assert (result.ok, result.passes) == (True, sum(lengths))
     assert turbospark.load(path).trace[0].shape == (sum(lengths), 2)
+
+
+def test_each_generate_call_starts_new_sequences(tmp_path: Any) -> None:
+    model = build("mixtral")
+    ids, mask, lengths = _batch("mixtral")
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True):
+        model.generate(input_ids=ids[:2], attention_mask=mask[:2], max_new_tokens=3, min_new_tokens=3, do_sample=False)
+        model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3,
+                       do_sample=False)
+    cap = turbospark.load(path)
+    # Rows 0 and 1 (6 and 3 prompt tokens, 2 decode steps each), then sequence 2 (6 + 2).
+    assert cap.seq[0].tolist() == [0] * 6 + [1] * 3 + [0, 1, 0, 1] + [2] * 8
+    assert cap.phase[0].tolist() == [0] * 9 + [1] * 4 + [0] * 6 + [1] * 2

@@ -63,6 +63,24 @@ def expected_positions(
     return order
 
 
+def _check_sequences(captured: Capture, layer: int, order: list[tuple[int, int]], prompt: int) -> list[str]:
+    """The pass's sequence and phase, when the capture has them: rows in order, prompt positions phase 0."""
+    if captured.seq is None or captured.phase is None or captured.trace is None:
+        return []
+    seq, phase = captured.seq[layer], captured.phase[layer]
+    if seq.shape[0] != len(order):
+        return []  # the pass-count problem is reported already
+    rows = np.array([row for row, _ in order], dtype=np.int64)
+    want_phase = np.array([0 if col < prompt else 1 for _, col in order], dtype=np.int64)
+    problems = []
+    base = int(seq.min()) if seq.size else 0
+    if not np.array_equal(seq - base, rows):
+        problems.append(f"layer {layer}: the passes' sequence ids are not the batch rows in recording order")
+    if not np.array_equal(phase, want_phase):
+        problems.append(f"layer {layer}: prompt/decode phases differ from the prompt length {prompt}")
+    return problems
+
+
 def route_sequences(
     model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, routing: Optional[Routing] = None
 ) -> dict[int, torch.Tensor]:
@@ -133,7 +151,9 @@ def verify(
 
     Returns a ``Verification``: ok when every layer's counts equal the
     recomputed routes' counts and, with a trace, every pass's set of ids
-    equals the recomputed one, in order (dense layers must stay empty).
+    equals the recomputed one, in order (dense layers must stay empty), and
+    when the capture tags passes with sequences and phases, each pass carries
+    its batch row (offset by the capture's first sequence id) and phase.
     Raises ``RuntimeError`` while a capture is running on the model (its
     hooks would record this forward), ``TypeError`` for an unsupported model
     or capture, ``ValueError`` when the mask does not fit the sequences.
@@ -153,6 +173,7 @@ def verify(
     full_mask = torch.ones_like(sequences)
     if prompt_mask is not None:
         full_mask[:, : prompt_mask.shape[1]] = prompt_mask
+    prompt_width = sequences.shape[1] if prompt_mask is None else prompt_mask.shape[1]
     routing = find_routing(model)
     routes = route_sequences(model, sequences, full_mask, routing)
     order = expected_positions(sequences, prompt_mask, _eos_ids(model, eos_token_id))
@@ -173,6 +194,8 @@ def verify(
         if got.shape[0] != expected.shape[0]:
             problems.append(f"layer {layer}: {got.shape[0]} passes captured, {expected.shape[0]} expected")
             continue
+        if layer in routes:
+            problems.extend(_check_sequences(captured, layer, order, prompt_width))
         differ = np.nonzero((np.sort(got, axis=1) != np.sort(expected, axis=1)).any(axis=1))[0]
         for index in differ[:3]:
             row, col = order[index]
