@@ -328,3 +328,23 @@ def test_each_generate_call_starts_new_sequences(tmp_path: Any) -> None:
     # Rows 0 and 1 (6 and 3 prompt tokens, 2 decode steps each), then sequence 2 (6 + 2).
     assert cap.seq[0].tolist() == [0] * 6 + [1] * 3 + [0, 1, 0, 1] + [2] * 8
     assert cap.phase[0].tolist() == [0] * 9 + [1] * 4 + [0] * 6 + [1] * 2
+
+
+@pytest.mark.parametrize("pilot", [None, "next"])
+def test_device_path_writes_what_the_host_path_writes(tmp_path: Any, monkeypatch: Any, pilot: Any) -> None:
+    """The DeviceRecorder route a CUDA model takes, forced on the CPU: the same JSON, byte for byte."""
+    from turbospark.transformers import _sink
+
+    model = build("qwen3_moe")
+    ids, mask, _ = _batch("qwen3_moe")
+
+    def run(path: Any) -> bytes:
+        with capture(model, path, trace=True, pilot=pilot):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, eos_token_id=[7, 9, 11])
+        return path.read_bytes()
+
+    host = run(tmp_path / "host.json")
+    monkeypatch.setattr(_sink, "uses_device_path", lambda device: True)
+    monkeypatch.setattr("turbospark.torch.DEFAULT_CAPACITY", 5)  # the prompt block goes in slices
+    assert run(tmp_path / "device.json") == host
+    assert b'"seq":' in host and (pilot is None) == (b'"pred":' not in host)

@@ -58,7 +58,7 @@ class _Session:
     def __init__(self, model: nn.Module, routing: Routing, recorder: ModelRecorder, pilot: Optional[str]) -> None:
         self.model = model
         self.routing = routing
-        self.sink = Sink(recorder)
+        self.sink = Sink(recorder, _device(routing), routing.top_k)
         self.pilot = pilot if self.sink.predicting else None
         self.handles: list[Any] = []
         self.patched: list[str] = []
@@ -301,6 +301,12 @@ def capture(
         session.remove()
         _active.discard(model)
         recorder.close()
+
+
+def _device(routing: Routing) -> torch.device:
+    """Where the routers' outputs live (the first router's parameters)."""
+    parameter = next(routing.sites[0].router.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
 
 
 def _recorder_pilot(recorder: ModelRecorder) -> Optional[str]:
