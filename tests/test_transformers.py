@@ -348,3 +348,24 @@ def test_device_path_writes_what_the_host_path_writes(tmp_path: Any, monkeypatch
     monkeypatch.setattr("turbospark.torch.DEFAULT_CAPACITY", 5)  # the prompt block goes in slices
     assert run(tmp_path / "device.json") == host
     assert b'"seq":' in host and (pilot is None) == (b'"pred":' not in host)
+
+
+def test_flushing_in_the_middle_changes_nothing(tmp_path: Any, monkeypatch: Any) -> None:
+    """Blocks wait in the sink and reach record_batch in bulk; where the flushes fall must not show."""
+    from turbospark.transformers import _sink
+
+    model = build("olmoe")
+    ids, mask, _ = _batch("olmoe")
+
+    def run(path: Any) -> bytes:
+        with capture(model, path, trace=True, pilot="next") as rec:
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=[7, 9, 11])
+            # The recorder drains the waiting blocks before any write.
+            assert rec.to_json().encode() == rec._document()
+            middle = rec.to_json()
+        assert path.read_text() == middle
+        return path.read_bytes()
+
+    bulk = run(tmp_path / "bulk.json")
+    monkeypatch.setattr(_sink, "FLUSH_ROWS", 3)
+    assert run(tmp_path / "often.json") == bulk

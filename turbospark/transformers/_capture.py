@@ -300,7 +300,7 @@ def capture(
     finally:
         session.remove()
         _active.discard(model)
-        recorder.close()
+        recorder.close()  # drains the sink's waiting blocks first
 
 
 def _device(routing: Routing) -> torch.device:

@@ -21,7 +21,10 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["Sink"]
+__all__ = ["FLUSH_ROWS", "Sink"]
+
+# Rows (over all layers) waiting before a flush to record_batch.
+FLUSH_ROWS = 4096
 
 
 def uses_device_path(device: torch.device) -> bool:
@@ -39,12 +42,20 @@ class Sink:
         self.predicting = bool(recorder.pilot_enabled())
         self.device = device
         self.staging: Any = None
+        # Host path with tags: blocks wait here and reach record_batch in bulk
+        # (one call costs ~20 us whatever its size, several times a decode
+        # step's model work per layer on a small model). The recorder drains
+        # them before every write, so its file is always complete.
+        self._pending: list[list[tuple[torch.Tensor, torch.Tensor, str]]] = [[] for _ in range(recorder.num_layers)]
+        self._pending_rows = 0
         if uses_device_path(device):
             from turbospark.torch import DeviceRecorder
 
             self.staging = DeviceRecorder(recorder, device=device, top_k=top_k or None)
             self.tags_sequences = not self.staging.counts_only
             self._moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        elif self.tags_sequences:
+            recorder._add_drain(self.flush)
 
     def _on_device(self, value: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """A host mask or sequence column on the staging device, copied once per tensor (decode steps reuse theirs)."""
@@ -75,12 +86,34 @@ class Sink:
             return
         ids = _host(ids)
         if self.tags_sequences and seq is not None:
-            self.recorder.record_batch(layer, ids, seq=seq, phase=phase, mask=mask)
+            # Private copies now: the model may reuse its tensors before the flush.
+            rows, seqs = (ids[mask], seq[mask]) if mask is not None else (ids.clone(), seq)
+            if rows.shape[0]:
+                self._pending[layer].append((rows, seqs, phase))
+                self._pending_rows += rows.shape[0]
+                if self._pending_rows >= FLUSH_ROWS:
+                    self.flush()
             return
         if mask is not None:
             ids = ids[mask]
         if ids.shape[0]:
             self.recorder.record_many(layer, ids.numpy())
+
+    def flush(self) -> None:
+        """Hand the waiting blocks to ``record_batch``: per layer, one call per run of one phase, in order."""
+        for layer, entries in enumerate(self._pending):
+            if not entries:
+                continue
+            self._pending[layer] = []
+            start = 0
+            for end in range(1, len(entries) + 1):
+                if end == len(entries) or entries[end][2] != entries[start][2]:
+                    run = entries[start:end]
+                    ids = torch.cat([entry[0] for entry in run]).numpy()
+                    seq = torch.cat([entry[1] for entry in run]).numpy()
+                    self.recorder.record_batch(layer, ids, seq=seq, phase=run[0][2])
+                    start = end
+        self._pending_rows = 0
 
     def predictions(self, layer: int, ids: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Record the pilot's predictions for ``layer``, the rows ``mask`` keeps, aligned with ``selections``."""
