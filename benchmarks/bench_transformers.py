@@ -11,6 +11,12 @@ pilot probe (``pilot="next"``: one extra norm and router per routed layer
 and token). Runs are interleaved (none, capture, capture+probe, none, ...),
 one torch thread, and the minimum of the repeats is kept. Target: capture
 <= 1.05x the bare generate.
+
+On a shared, loaded machine whole-run minima still wander by several percent
+(rows can even come out in the wrong order), so the script also measures the
+capture's own time directly: one more run with a clock around each of the
+capture's per-call functions (the model pre-hook, the sink's selections,
+predictions and flushes), reported per generated token.
 """
 
 from __future__ import annotations
@@ -40,9 +46,43 @@ def tiny_qwen3_moe() -> Any:
     return hf.Qwen3MoeForCausalLM(config).eval()
 
 
+def _time_inside(model: Any, path: str, generate: Callable[[], None], pilot: Any) -> float:
+    """Seconds spent inside the capture's per-call functions during one captured generate."""
+    from turbospark.transformers import _capture, _sink
+
+    spent = [0.0]
+    originals = []
+
+    def clocked(owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+        originals.append((owner, name, original))
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        setattr(owner, name, wrapper)
+
+    for owner, name in [(_capture._Session, "_on_model_call"), (_sink.Sink, "selections"),
+                        (_sink.Sink, "predictions"), (_sink.Sink, "flush")]:
+        clocked(owner, name)
+    stderr, sys.stderr = sys.stderr, open(os.devnull, "w")
+    try:
+        with capture(model, path, trace=True, pilot=pilot):
+            generate()
+    finally:
+        sys.stderr = stderr
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+    return spent[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--new-tokens", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -87,6 +127,10 @@ def main() -> int:
     for name, seconds in best.items():
         print(f"  {name:<24} {seconds * 1e3:8.1f} ms  {seconds / base:5.3f}x  "
               f"({(seconds - base) / args.new_tokens * 1e6:+.0f} us per token)")
+    for pilot in (None, "next"):
+        spent = _time_inside(model, path, generate, pilot)
+        print(f"  time inside the capture's own functions, pilot={pilot}: {spent / args.new_tokens * 1e6:.0f} us per token "
+              f"({spent / base:.1%} of the bare generate)")
     ratio = best["capture(trace)"] / base
     print(f"capture(trace) vs no hooks: {ratio:.3f}x (target <= {TARGET}x): {'met' if ratio <= TARGET else 'MISSED'}")
     print(f"pilot probe on top: {(best['capture(trace, pilot)'] - best['capture(trace)']) / args.new_tokens * 1e6:.0f} us "
