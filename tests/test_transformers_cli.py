@@ -49,7 +49,9 @@ def test_record_command_end_to_end(checkpoint: Any, tmp_path: Any) -> None:
         "[turbospark record] batch 2/2: 1 prompt(s), 5 new tokens",
         f"[router-hist] wrote {out}",
     ]
-    assert done.stdout.startswith("capture: 3 layers x 8 experts, top-2; trace: yes; predictions: yes\n")
+    # Three prompts, three sequences: the analysis works per sequence and per phase.
+    assert done.stdout.startswith("capture: 3 layers x 8 experts, top-2; trace: yes; predictions: yes; sequences: 3 (")
+    assert "by phase (means over routed layers; each sequence's passes of that phase alone):\n" in done.stdout
     assert done.stdout.endswith("self-test: pilot recall 100% on all 1 layers with predictions: ok\n")
     cap = turbospark.load(out)
     # 5 + 5 + 2 real prompt tokens, 4 fed decode tokens per prompt; layer 1 is dense.
