@@ -369,3 +369,35 @@ def test_flushing_in_the_middle_changes_nothing(tmp_path: Any, monkeypatch: Any)
     bulk = run(tmp_path / "bulk.json")
     monkeypatch.setattr(_sink, "FLUSH_ROWS", 3)
     assert run(tmp_path / "often.json") == bulk
+
+
+def test_override_table_llama4(tmp_path: Any) -> None:
+    """Llama4Router returns (scores, logits): its ids come from the override, recomputed exactly."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    config = hf.Llama4TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=8, num_experts_per_tok=2,
+        interleave_moe_layer_step=1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    model = hf.Llama4ForCausalLM(config).eval()
+    routing = find_routing(model)
+    assert [(site.layer, site.ids_index, site.top_k, site.num_experts) for site in routing.sites] == [(0, None, 2, 8), (1, None, 2, 8)]
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="self"):
+        out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=6, min_new_tokens=6,
+                             do_sample=False)
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes) == (True, 11)
+    cap = turbospark.load(path)
+    np.testing.assert_array_equal(cap.pred[1], cap.trace[1])
+
+
+def test_import_turbospark_imports_neither_torch_nor_this_package() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, turbospark; print(sorted(m for m in ('torch', 'transformers', 'turbospark.transformers') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout == "[]\n", done.stderr
