@@ -51,7 +51,8 @@ class RouterSite:
             ids = OVERRIDES[type(self.router).__name__](output, self.router)
         else:
             ids = output[self.ids_index]
-        return ids.reshape(-1, self.top_k)
+        # Most routers already return (tokens, top_k): skip the reshape call then.
+        return ids if ids.dim() == 2 else ids.reshape(-1, self.top_k)
 
 
 @dataclass(frozen=True)

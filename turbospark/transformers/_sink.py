@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 __all__ = ["FLUSH_ROWS", "Sink"]
@@ -46,7 +47,7 @@ class Sink:
         # (one call costs ~20 us whatever its size, several times a decode
         # step's model work per layer on a small model). The recorder drains
         # them before every write, so its file is always complete.
-        self._pending: list[list[tuple[torch.Tensor, torch.Tensor, str]]] = [[] for _ in range(recorder.num_layers)]
+        self._pending: list[list[tuple[np.ndarray, np.ndarray, str]]] = [[] for _ in range(recorder.num_layers)]
         self._pending_rows = 0
         if uses_device_path(device):
             from turbospark.torch import DeviceRecorder
@@ -87,7 +88,11 @@ class Sink:
         ids = _host(ids)
         if self.tags_sequences and seq is not None:
             # Private copies now: the model may reuse its tensors before the flush.
-            rows, seqs = (ids[mask], seq[mask]) if mask is not None else (ids.clone(), seq)
+            if mask is None:
+                rows, seqs = ids.numpy().copy(), seq.numpy()
+            else:
+                keep = mask.numpy()
+                rows, seqs = ids.numpy()[keep], seq.numpy()[keep]
             if rows.shape[0]:
                 self._pending[layer].append((rows, seqs, phase))
                 self._pending_rows += rows.shape[0]
@@ -109,8 +114,8 @@ class Sink:
             for end in range(1, len(entries) + 1):
                 if end == len(entries) or entries[end][2] != entries[start][2]:
                     run = entries[start:end]
-                    ids = torch.cat([entry[0] for entry in run]).numpy()
-                    seq = torch.cat([entry[1] for entry in run]).numpy()
+                    ids = np.concatenate([entry[0] for entry in run])
+                    seq = np.concatenate([entry[1] for entry in run])
                     self.recorder.record_batch(layer, ids, seq=seq, phase=run[0][2])
                     start = end
         self._pending_rows = 0
