@@ -108,6 +108,8 @@ def analyze(
         from .sequences import sequence_ids
 
         extra["sequences"] = len(sequence_ids(capture))
+    if capture.pilot_distance is not None:
+        extra["pilot_distance"] = list(capture.pilot_distance)
     return {
         "num_layers": capture.num_layers,
         "num_experts": e,

@@ -56,6 +56,9 @@ class Capture:
     ``seq`` and ``phase``: None, or a list of num_layers 1-D int64 arrays with one
     entry per pass of the layer: the pass's sequence id, and its phase (0 =
     prompt, 1 = decode), when the capture was recorded with ``record_batch``.
+    ``pilot_distance``: None, or per layer how many layers before it its
+    predictions were made (0: none), present when a model capture's probe
+    crossed a dense layer.
     """
 
     num_layers: int
@@ -67,6 +70,7 @@ class Capture:
     router_logits: RouterLogits | None = None
     seq: list[np.ndarray] | None = None
     phase: list[np.ndarray] | None = None
+    pilot_distance: tuple[int, ...] | None = None
 
     @property
     def header(self) -> dict[str, int]:
@@ -265,7 +269,20 @@ def _build(fields: dict[str, Any]) -> Capture:
     pred = _id_rows(fields, "pred", num_layers, num_experts, top_k)
     logits = _router_logits(fields.get("router_logits"), num_layers)
     seq, phase = _sequence_rows(fields, counts, trace, top_k)
-    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase)
+    distance = _pilot_distance(fields.get("pilot_distance"), num_layers)
+    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance)
+
+
+def _pilot_distance(value: Any, num_layers: int) -> tuple[int, ...] | None:
+    """The optional ``pilot_distance`` list: one non-negative integer per layer."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != num_layers:
+        raise ValueError(f"pilot_distance must be a list of num_layers={num_layers} integers, got {value!r}")
+    for layer, item in enumerate(value):
+        if type(item) is not int or item < 0:
+            raise ValueError(f"pilot_distance[{layer}] must be a non-negative integer, got {item!r}")
+    return tuple(value)
 
 
 def _count_field(fields: dict[str, Any], key: str) -> int:

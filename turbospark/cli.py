@@ -126,7 +126,43 @@ def _parser() -> argparse.ArgumentParser:
 
     _cli_place.add_commands(commands, _positive)
     _cli_tools.add_commands(commands)
+    _add_record_command(commands)
     return parser
+
+
+def _add_record_command(commands: Any) -> None:
+    record_cmd = commands.add_parser(
+        "record",
+        help="generate with a local transformers MoE checkpoint and record its routing (needs the transformers extra)",
+        description="Load a transformers checkpoint from a local folder (nothing is downloaded), generate "
+        "from the prompts, write the capture and print its analysis. Progress goes to stderr.",
+    )
+    record_cmd.add_argument("model_dir", metavar="MODEL_DIR", help="folder written by save_pretrained (model and tokenizer)")
+    source = record_cmd.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", metavar="TEXT", help="one prompt")
+    source.add_argument("--prompts", metavar="FILE", help="a text file, one prompt per non-empty line")
+    record_cmd.add_argument("--max-new-tokens", type=_positive, default=128, metavar="N", help="default 128")
+    record_cmd.add_argument("--batch-size", type=_positive, default=1, metavar="B",
+                            help="prompts per generate call, left-padded (default 1)")
+    record_cmd.add_argument("--trace", action="store_true", help="keep every pass's ids (window, reuse, LRU need it)")
+    record_cmd.add_argument("--pilot", choices=("next", "self"), help="run the pilot probe")
+    record_cmd.add_argument("-o", "--output", required=True, metavar="CAPTURE", help="capture JSON to write")
+    _add_analysis_options(record_cmd)
+    record_cmd.set_defaults(run=_run_record)
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    try:
+        from .transformers._cli import record
+    except ImportError as exc:
+        print(f"turbospark record: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if not record(args):
+        return EXIT_UNUSABLE
+    capture = _load(args.output)
+    if capture is None:
+        return EXIT_UNUSABLE
+    return _report(capture, args, self_testing=args.pilot == "self")
 
 
 def _add_analysis_options(parser: argparse.ArgumentParser) -> None:

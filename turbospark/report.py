@@ -128,11 +128,21 @@ def _summary(result: dict[str, Any]) -> list[str]:
             f"  pilot recall: {recall:.1%} (all {k} right in {exact:.1%} of passes) "
             f"vs random baseline {baseline:.2%}{lift}"
         )
+    out.extend(_pilot_distance_lines(result.get("pilot_distance")))
     caches = list((routed[0].get("lru_hit_rate") or {}).keys())
     for c in caches:
         rate = _mean(routed, lambda r: r["lru_hit_rate"][c])
         out.append(f"  LRU cache of {c} experts per layer: {_pct(rate)} hit rate")
     return out
+
+
+def _pilot_distance_lines(distances: list[int] | None) -> list[str]:
+    """Which layers were predicted from further back than the layer before (a dense layer in between)."""
+    far = [(layer, d) for layer, d in enumerate(distances or []) if d > 1]
+    if not far:
+        return []
+    listed = ", ".join(f"layer {layer} from layer {layer - d} ({d} layers ahead)" for layer, d in far)
+    return [f"  pilot across dense layers: {listed}"]
 
 
 def _phases(result: dict[str, Any]) -> list[str]:

@@ -1,0 +1,403 @@
+"""turbospark.transformers on tiny random models of every verified architecture.
+
+Each capture is checked two ways: by ``verify`` (a teacher-forced forward
+through the package's own router discovery) and by an independent
+recomputation here, with the test's own hooks on router classes named by
+hand and its own idea of which tokens count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import require_module
+
+torch = require_module("torch")
+require_module("transformers")
+
+import turbospark  # noqa: E402
+from turbospark.transformers import capture, find_routing, verify  # noqa: E402
+
+from hf_models import ARCHITECTURES, build  # noqa: E402
+
+ROUTER_CLASS = {
+    "mixtral": "MixtralTopKRouter",
+    "qwen2_moe": "Qwen2MoeTopKRouter",
+    "qwen3_moe": "Qwen3MoeTopKRouter",
+    "olmoe": "OlmoeTopKRouter",
+    "deepseek_v3": "DeepseekV3TopkRouter",
+    "gpt_oss": "GptOssTopKRouter",
+    "granitemoe": "GraniteMoeTopKRouter",
+    "glm4_moe": "Glm4MoeTopkRouter",
+}
+NAMES = sorted(ARCHITECTURES)
+PROMPT = torch.tensor([[1, 5, 9, 13, 7, 22]])
+
+
+class OwnHooks:
+    """The test's own router hooks: every router call's ids, per layer, in call order."""
+
+    def __init__(self, model: Any, name: str) -> None:
+        self.calls: dict[int, list[torch.Tensor]] = {}
+        self.handles = []
+        for path, module in model.named_modules():
+            if type(module).__name__ == ROUTER_CLASS[name]:
+                layer = int(path.split("layers.")[1].split(".")[0])
+                self.handles.append(module.register_forward_hook(self._hook(layer)))
+
+    def _hook(self, layer: int) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            self.calls.setdefault(layer, []).append(output[2].detach().clone())
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _trace(path: Any) -> Any:
+    return turbospark.load(path)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_discovery_finds_the_decoder_layers_and_routers(name: str) -> None:
+    *_, routed, experts, top_k = ARCHITECTURES[name]
+    routing = find_routing(build(name))
+    assert (len(routing.layers), routing.routed_layers, routing.num_experts, routing.top_k) == (3, routed, experts, top_k)
+    assert {type(site.router).__name__ for site in routing.sites} == {ROUTER_CLASS[name]}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_one_generate_records_exactly_the_models_routing(name: str, tmp_path: Any) -> None:
+    model = build(name)
+    path = tmp_path / "c.json"
+    own = OwnHooks(model, name)
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=8,
+                             min_new_tokens=8, do_sample=False)
+    own.remove()
+    cap = _trace(path)
+    # prompt (6) + 7 decode steps: the 8th token is never fed.
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes, result.problems) == (True, 13, ())
+    *_, routed, experts, top_k = ARCHITECTURES[name]
+    for layer in range(3):
+        if layer not in routed:
+            assert cap.trace[layer].shape == (0, top_k) and not cap.counts[layer].any()
+            continue
+        # Independent: exactly what the routers returned, in order (6 prompt rows, then 1 per step).
+        mine = torch.cat(own.calls[layer]).numpy()
+        assert [c.shape[0] for c in own.calls[layer]] == [6] + [1] * 7
+        np.testing.assert_array_equal(cap.trace[layer], mine)
+        np.testing.assert_array_equal(cap.counts[layer], np.bincount(mine.ravel(), minlength=experts))
+
+
+def _batch(name: str) -> tuple[Any, Any, Any]:
+    """A left-padded batch of 4 prompts, and an EOS id that finishes row 1 early."""
+    lengths = [6, 3, 5, 2]
+    width = max(lengths)
+    generator = torch.Generator().manual_seed(7)
+    ids = torch.zeros(4, width, dtype=torch.long)
+    mask = torch.zeros(4, width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n:] = torch.randint(3, 64, (n,), generator=generator)
+        mask[row, width - n:] = 1
+    return ids, mask, lengths
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_padded_batch_with_early_finishers_records_only_real_tokens(name: str, tmp_path: Any) -> None:
+    model = build(name)
+    ids, mask, lengths = _batch(name)
+    free = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    # Row 1's third generated token becomes the EOS (a generate argument): row 1 stops early.
+    eos = int(free[1, ids.shape[1] + 2])
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos)
+    result = verify(model, path, out, mask, eos_token_id=eos)
+    assert result.ok, result.problems
+    # Independent recomputation: each sequence alone, unpadded, batch 1, the test's own hooks.
+    generated = out[:, ids.shape[1]:]
+    fed = []
+    for row in range(4):
+        tokens = generated[row].tolist()
+        stop = tokens.index(eos) if eos in tokens else len(tokens) - 1
+        fed.append(min(stop, len(tokens) - 1))
+    assert fed[1] <= 2 and max(fed) > fed[1], fed
+    cap = _trace(path)
+    *_, routed, _, top_k = ARCHITECTURES[name]
+    expected_passes = sum(lengths) + sum(fed)
+    assert result.passes == expected_passes
+    per_row = {}
+    for row in range(4):
+        sequence = torch.cat([ids[row, ids.shape[1] - lengths[row]:], generated[row, : fed[row]]])[None]
+        own = OwnHooks(model, name)
+        with torch.no_grad():
+            model(sequence)
+        own.remove()
+        per_row[row] = {layer: calls[0] for layer, calls in own.calls.items()}
+    for layer in routed:
+        rows = [per_row[r][layer][: lengths[r]] for r in range(4)]
+        for step in range(max(fed)):
+            rows.extend(per_row[r][layer][lengths[r] + step][None] for r in range(4) if step < fed[r])
+        mine = torch.cat(rows).numpy()
+        assert cap.trace[layer].shape == (expected_passes, top_k)
+        np.testing.assert_array_equal(np.sort(cap.trace[layer], axis=1), np.sort(mine, axis=1))
+        # Each pass tagged with its sequence (the batch row) and phase.
+        want_seq = [r for r in range(4) for _ in range(lengths[r])]
+        want_seq += [r for step in range(max(fed)) for r in range(4) if step < fed[r]]
+        assert cap.seq[layer].tolist() == want_seq
+        assert cap.phase[layer].tolist() == [0] * sum(lengths) + [1] * sum(fed)
+    assert turbospark.analyze(cap)["sequences"] == 4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_self_probe_reads_100_percent(name: str, tmp_path: Any, capfd: Any) -> None:
+    model = build(name)
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="self"):
+        model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    cap = _trace(path)
+    *_, routed, _, _ = ARCHITECTURES[name]
+    for layer in routed:
+        np.testing.assert_array_equal(cap.pred[layer], cap.trace[layer])
+    assert "pilot_distance" not in path.read_text()
+    capfd.readouterr()
+    from turbospark.cli import main
+
+    assert main(["analyze", str(path), "--self-test"]) == 0
+    assert "self-test" in capfd.readouterr().out.lower()
+
+
+def test_next_probe_across_a_dense_layer_records_the_distance(tmp_path: Any, capfd: Any) -> None:
+    model = build("qwen3_moe")  # routed layers 0 and 2
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="next"):
+        model(PROMPT[:, :3])
+    text = path.read_text()
+    assert text.endswith(',"pilot_distance":[0,0,2]}')
+    doc = json.loads(text)
+    assert doc["pred"][0] == [] and doc["pred"][1] == [] and len(doc["pred"][2]) == 6
+    # The prediction is layer 2's norm and router on layer 0's post-attention residual.
+    residual = {}
+    layer0 = model.model.layers[0]
+    handle = layer0.post_attention_layernorm.register_forward_pre_hook(lambda m, a: residual.setdefault("h", a[0]))
+    with torch.no_grad():
+        model(PROMPT[:, :3])
+    handle.remove()
+    layer2 = model.model.layers[2]
+    with torch.no_grad():
+        _, _, ids = layer2.mlp.gate(layer2.post_attention_layernorm(residual["h"]).reshape(-1, 32))
+    assert doc["pred"][2] == ids.reshape(-1).tolist()
+    assert turbospark.load(path).pilot_distance == (0, 0, 2)
+    from turbospark.cli import main
+
+    capfd.readouterr()
+    assert main(["analyze", str(path)]) == 0
+    assert "  pilot across dense layers: layer 2 from layer 0 (2 layers ahead)\n" in capfd.readouterr().out
+
+
+def test_next_probe_without_dense_gaps_keeps_the_reference_json(tmp_path: Any) -> None:
+    model = build("mixtral")
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="next") as rec:
+        model(PROMPT[:, :2])
+    doc = json.loads(path.read_text())
+    # The reference's keys, then the sequence tags (one prompt block of sequence 0).
+    assert list(doc) == ["num_layers", "num_experts", "top_k", "counts", "trace", "pred", "seq", "phase"]
+    assert doc["seq"] == [[0, 0]] * 3 and doc["phase"] == [[0, 0]] * 3
+    assert [len(row) for row in doc["pred"]] == [0, 4, 4]
+    assert rec.closed
+
+
+def test_probe_calls_fire_no_hook(tmp_path: Any) -> None:
+    model = build("mixtral")
+    calls = []
+    handles = [m.register_forward_hook(lambda *a: calls.append(1)) for m in model.modules() if type(m).__name__ == "MixtralTopKRouter"]
+    with capture(model, tmp_path / "c.json", trace=True, pilot="next"):
+        out = model(PROMPT, output_router_logits=True)
+    for handle in handles:
+        handle.remove()
+    # One call per router per forward: the probe's two extra router runs fired nothing,
+    # and transformers' own output recording saw three routers, not five.
+    assert len(calls) == 3
+    assert len(out.router_logits) == 3
+
+
+def _hooks(model: Any) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_every_hook_is_removed_on_exit_and_on_exception(tmp_path: Any) -> None:
+    model = build("olmoe")
+    before = _hooks(model)
+    with capture(model, tmp_path / "a.json", trace=True, pilot="next"):
+        assert _hooks(model) > before and "generate" in model.__dict__
+    assert _hooks(model) == before and "generate" not in model.__dict__ and "_prefill" not in model.__dict__
+    with pytest.raises(KeyError):
+        with capture(model, tmp_path / "b.json") as rec:
+            model(PROMPT)
+            raise KeyError("boom")
+    assert _hooks(model) == before and rec.closed
+    assert json.loads((tmp_path / "b.json").read_text())["counts"][0] == rec.counts[0].tolist()
+    assert sum(json.loads((tmp_path / "b.json").read_text())["counts"][0]) == 12
+
+
+def test_path_none_follows_the_environment(tmp_path: Any, monkeypatch: Any) -> None:
+    model = build("mixtral")
+    monkeypatch.delenv("TURBOSPARK_ROUTER_HIST", raising=False)
+    before = _hooks(model)
+    with capture(model) as rec:
+        assert rec is None and _hooks(model) == before
+        model(PROMPT)
+    monkeypatch.setenv("TURBOSPARK_ROUTER_HIST", str(tmp_path / "env.json"))
+    monkeypatch.setenv("TURBOSPARK_ROUTER_TRACE", "")
+    with capture(model) as rec:
+        model(PROMPT[:, :2])
+    assert rec.trace_enabled and not rec.pilot_enabled()
+    doc = json.loads((tmp_path / "env.json").read_text())
+    assert [len(row) for row in doc["trace"]] == [4, 4, 4] and "pred" not in doc
+
+
+def test_bad_arguments_are_refused_before_anything_is_installed(tmp_path: Any) -> None:
+    model = build("mixtral")
+    before = _hooks(model)
+    with pytest.raises(ValueError, match=r"pilot must be None, 'next' or 'self', got 'ahead'"):
+        with capture(model, tmp_path / "c.json", pilot="ahead"):
+            pass
+    with pytest.raises(ValueError, match=r"with path=None the environment decides .* got trace=True, pilot=None"):
+        with capture(model, trace=True):
+            pass
+    with capture(model, tmp_path / "c.json"):
+        with pytest.raises(RuntimeError, match="a capture is already running on this MixtralForCausalLM"):
+            with capture(model, tmp_path / "d.json"):
+                pass
+        with pytest.raises(RuntimeError, match=r"verify\(\) runs a forward pass"):
+            verify(model, tmp_path / "c.json", PROMPT)
+    assert _hooks(model) == before and not (tmp_path / "d.json").exists()
+
+
+def test_unsupported_models_are_named(tmp_path: Any) -> None:
+    import transformers as hf
+
+    dense = hf.LlamaForCausalLM(hf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(TypeError, match=r"^LlamaForCausalLM is not a supported MoE model: it declares no router "):
+        with capture(dense, tmp_path / "c.json"):
+            pass
+    dbrx = hf.DbrxForCausalLM(hf.DbrxConfig(vocab_size=64, d_model=32, n_heads=4, n_layers=1, max_seq_len=64,
+                                            attn_config={"kv_n_heads": 2, "rope_theta": 10000.0},
+                                            ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}))
+    with pytest.raises(TypeError, match=r"^DbrxForCausalLM is not supported: router DbrxRouter returns no top-k indices "
+                                        r"\(no integer \(tokens, top_k\) tensor among its outputs: float32 \(1, 4\)\)$"):
+        with capture(dbrx, tmp_path / "c.json"):
+            pass
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_plain_forward_with_padding_records_real_tokens_only(tmp_path: Any) -> None:
+    model = build("granitemoe")
+    ids, mask, lengths = _batch("granitemoe")
+    path = tmp_path / "c.json"
+    # Positions as generate (and verify) derive them from the mask.
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with capture(model, path, trace=True):
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, position_ids=positions)
+    result = verify(model, path, ids, mask)
+    assert (result.ok, result.passes) == (True, sum(lengths))
+    assert turbospark.load(path).trace[0].shape == (sum(lengths), 2)
+
+
+def test_each_generate_call_starts_new_sequences(tmp_path: Any) -> None:
+    model = build("mixtral")
+    ids, mask, lengths = _batch("mixtral")
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True):
+        model.generate(input_ids=ids[:2], attention_mask=mask[:2], max_new_tokens=3, min_new_tokens=3, do_sample=False)
+        model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3,
+                       do_sample=False)
+    cap = turbospark.load(path)
+    # Rows 0 and 1 (6 and 3 prompt tokens, 2 decode steps each), then sequence 2 (6 + 2).
+    assert cap.seq[0].tolist() == [0] * 6 + [1] * 3 + [0, 1, 0, 1] + [2] * 8
+    assert cap.phase[0].tolist() == [0] * 9 + [1] * 4 + [0] * 6 + [1] * 2
+
+
+@pytest.mark.parametrize("pilot", [None, "next"])
+def test_device_path_writes_what_the_host_path_writes(tmp_path: Any, monkeypatch: Any, pilot: Any) -> None:
+    """The DeviceRecorder route a CUDA model takes, forced on the CPU: the same JSON, byte for byte."""
+    from turbospark.transformers import _sink
+
+    model = build("qwen3_moe")
+    ids, mask, _ = _batch("qwen3_moe")
+
+    def run(path: Any) -> bytes:
+        with capture(model, path, trace=True, pilot=pilot):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, eos_token_id=[7, 9, 11])
+        return path.read_bytes()
+
+    host = run(tmp_path / "host.json")
+    monkeypatch.setattr(_sink, "uses_device_path", lambda device: True)
+    monkeypatch.setattr("turbospark.torch.DEFAULT_CAPACITY", 5)  # the prompt block goes in slices
+    assert run(tmp_path / "device.json") == host
+    assert b'"seq":' in host and (pilot is None) == (b'"pred":' not in host)
+
+
+def test_flushing_in_the_middle_changes_nothing(tmp_path: Any, monkeypatch: Any) -> None:
+    """Blocks wait in the sink and reach record_batch in bulk; where the flushes fall must not show."""
+    from turbospark.transformers import _sink
+
+    model = build("olmoe")
+    ids, mask, _ = _batch("olmoe")
+
+    def run(path: Any) -> bytes:
+        with capture(model, path, trace=True, pilot="next") as rec:
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=[7, 9, 11])
+            # The recorder drains the waiting blocks before any write.
+            assert rec.to_json().encode() == rec._document()
+            middle = rec.to_json()
+        assert path.read_text() == middle
+        return path.read_bytes()
+
+    bulk = run(tmp_path / "bulk.json")
+    monkeypatch.setattr(_sink, "FLUSH_ROWS", 3)
+    assert run(tmp_path / "often.json") == bulk
+
+
+def test_override_table_llama4(tmp_path: Any) -> None:
+    """Llama4Router returns (scores, logits): its ids come from the override, recomputed exactly."""
+    import transformers as hf
+
+    torch.manual_seed(0)
+    config = hf.Llama4TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, intermediate_size_mlp=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=8, num_experts_per_tok=2,
+        interleave_moe_layer_step=1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    model = hf.Llama4ForCausalLM(config).eval()
+    routing = find_routing(model)
+    assert [(site.layer, site.ids_index, site.top_k, site.num_experts) for site in routing.sites] == [(0, None, 2, 8), (1, None, 2, 8)]
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="self"):
+        out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=6, min_new_tokens=6,
+                             do_sample=False)
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes) == (True, 11)
+    cap = turbospark.load(path)
+    np.testing.assert_array_equal(cap.pred[1], cap.trace[1])
+
+
+def test_import_turbospark_imports_neither_torch_nor_this_package() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, turbospark; print(sorted(m for m in ('torch', 'transformers', 'turbospark.transformers') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout == "[]\n", done.stderr

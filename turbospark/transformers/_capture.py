@@ -1,0 +1,320 @@
+"""``capture(model, ...)``: record a transformers model's routing while it runs.
+
+Hooks, and what each one knows:
+- a pre-hook on the model (with kwargs) sees each forward call's input shape
+  and ``attention_mask``, so it decides which rows of that call are real
+  tokens (not padding, not a sequence ``generate`` has finished), which
+  sequence each row belongs to and whether the call is prompt or decode;
+- a forward hook on each router reads the chosen ids and records the kept
+  rows of the block in one call;
+- with the pilot probe, a pre-hook on the pre-MoE norm of each routed layer
+  takes that layer's post-attention residual and runs the target layer's norm
+  and router on it through their ``forward`` methods, which fire no hooks.
+``generate`` is followed through two of the model's own methods, replaced on
+the instance for the duration: ``_prefill`` (the calls inside it are prompt
+tokens) and ``_get_stopping_criteria`` (its result is wrapped so the capture
+sees which sequences each step finishes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from typing import Any, Iterator, Optional, Union
+
+import torch
+from torch import nn
+
+from turbospark.transformers._model_recorder import ModelRecorder
+from turbospark.transformers._routers import RouterSite, Routing, find_routing
+from turbospark.transformers._sink import Sink
+
+__all__ = ["capture", "pre_moe_norm"]
+
+# Decoder-layer attributes that hold the norm applied right before the MoE block.
+NORM_NAMES = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_norm")
+_PILOTS = (None, "next", "self")
+# Models with a capture in progress: a second capture or a verify on them
+# would see the first one's hooks fire.
+_active: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def pre_moe_norm(layer: nn.Module, index: int) -> nn.Module:
+    """The norm a decoder layer applies right before its MoE block; ValueError when it has none we know."""
+    for name in NORM_NAMES:
+        norm = getattr(layer, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    raise ValueError(
+        f"the pilot probe needs the pre-MoE norm of decoder layer {index} ({type(layer).__name__}); "
+        f"it has none of {', '.join(NORM_NAMES)}"
+    )
+
+
+class _Session:
+    """The per-call state the hooks share, and the hooks themselves."""
+
+    def __init__(self, model: nn.Module, routing: Routing, recorder: ModelRecorder, pilot: Optional[str]) -> None:
+        self.model = model
+        self.routing = routing
+        self.sink = Sink(recorder, _device(routing), routing.top_k)
+        self.pilot = pilot if self.sink.predicting else None
+        self.handles: list[Any] = []
+        self.patched: list[str] = []
+        # Per forward call: which rows to keep (None: all), their sequence ids, the phase.
+        self.mask: Optional[torch.Tensor] = None
+        self.seq: Optional[torch.Tensor] = None
+        self.phase = "prompt"
+        # Per generate call: inside _prefill?, rows finished so far, first sequence id.
+        self.prefilling = False
+        self.in_generate = False
+        self.finished: Optional[torch.Tensor] = None  # CPU bool, one per row
+        self.any_finished = False
+        self._seq_key: Optional[tuple[int, int, int]] = None
+        self._seq_rows_cache: Optional[torch.Tensor] = None
+        self.next_seq = 0
+        self.seq_base = 0
+
+    # ------------------------------------------------------------ installing
+
+    def install(self) -> None:
+        self.handles.append(self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
+        for site in self.routing.sites:
+            self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
+        if self.pilot is not None:
+            self._install_probe()
+        if all(hasattr(self.model, name) for name in ("generate", "_prefill", "_get_stopping_criteria")):
+            self._patch("generate", self._wrap_generate(self.model.generate))
+            self._patch("_prefill", self._wrap_prefill(self.model._prefill))
+            self._patch("_get_stopping_criteria", self._wrap_criteria(self.model._get_stopping_criteria))
+
+    def _patch(self, name: str, replacement: Any) -> None:
+        object.__setattr__(self.model, name, replacement)
+        self.patched.append(name)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        for name in self.patched:
+            self.model.__dict__.pop(name, None)
+        self.patched.clear()
+
+    def _install_probe(self) -> None:
+        sites = self.routing.sites
+        layers = self.routing.layers
+        pairs = [(site, site) for site in sites] if self.pilot == "self" else list(zip(sites, sites[1:]))
+        distances = [0] * len(layers)
+        for source, target in pairs:
+            source_norm = pre_moe_norm(layers[source.layer], source.layer)
+            target_norm = pre_moe_norm(layers[target.layer], target.layer)
+            distances[target.layer] = target.layer - source.layer
+            self.handles.append(source_norm.register_forward_pre_hook(self._probe_hook(target, target_norm)))
+        if self.pilot == "next":
+            self.sink.recorder.pilot_distances = tuple(distances)
+
+    # ------------------------------------------------------------ generate
+
+    def _wrap_generate(self, generate: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.in_generate = True
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                self.in_generate = False
+                self.finished = None
+
+        return wrapped
+
+    def _wrap_prefill(self, prefill: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.prefilling = True
+            try:
+                return prefill(*args, **kwargs)
+            finally:
+                self.prefilling = False
+
+        return wrapped
+
+    def _wrap_criteria(self, get_criteria: Any) -> Any:
+        from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+        session = self
+
+        class Observed(StoppingCriteriaList):
+            """generate's own stopping criteria, reporting each step's verdict to the capture."""
+
+            def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+                done = super().__call__(input_ids, scores, **kwargs)
+                if session.finished is not None and session.finished.shape == done.shape:
+                    session.finished = session.finished | done.cpu()
+                    session.any_finished = bool(session.finished.any())
+                return done
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return Observed(get_criteria(*args, **kwargs))
+
+        return wrapped
+
+    # ------------------------------------------------------------ per call
+
+    def _on_model_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+            self.mask, self.seq = None, None
+            return
+        batch, length = int(tokens.shape[0]), int(tokens.shape[1])
+        if self.in_generate and not self.prefilling:
+            self._decode_step(batch, length)
+            return
+        decode = not self.in_generate and self._cache_holds_tokens(kwargs)
+        if not decode:
+            # A prompt starts new sequences, numbered after every earlier one.
+            self.seq_base, self.next_seq = self.next_seq, self.next_seq + batch
+            self.finished = torch.zeros(batch, dtype=torch.bool) if self.in_generate else None
+            self.any_finished = False
+        self.phase = "decode" if decode else "prompt"
+        keep = self._keep(kwargs.get("attention_mask", args[1] if len(args) > 1 else None), batch, length)
+        flat = None if keep is None else keep.reshape(-1).cpu()
+        self.mask = None if flat is None or bool(flat.all()) else flat
+        self.seq = self._seq_rows(batch, length)
+
+    def _decode_step(self, batch: int, length: int) -> None:
+        """A decode call of generate: only each row's newest token is new, and only for rows not finished.
+
+        (generate feeds the whole sequence again when it runs without a
+        cache; the mask of a newly generated token is always 1.)
+        """
+        self.phase = "decode"
+        if length == 1 and not self.any_finished:
+            self.mask = None
+        else:
+            keep = torch.zeros(batch, length, dtype=torch.bool)
+            if self.finished is not None and self.finished.shape[0] == batch:
+                keep[:, -1] = ~self.finished
+            else:
+                keep[:, -1] = True
+            self.mask = keep.reshape(-1)
+        self.seq = self._seq_rows(batch, length)
+
+    def _seq_rows(self, batch: int, length: int) -> Optional[torch.Tensor]:
+        """Each row's sequence id, built once per shape (every decode step has the same)."""
+        if not self.sink.tags_sequences:
+            return None
+        key = (self.seq_base, batch, length)
+        if self._seq_key != key:
+            self._seq_key = key
+            self._seq_rows_cache = torch.arange(self.seq_base, self.seq_base + batch, dtype=torch.int64).repeat_interleave(length)
+        return self._seq_rows_cache
+
+    @staticmethod
+    def _cache_holds_tokens(kwargs: dict) -> bool:
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        length = getattr(cache, "get_seq_length", None)
+        return bool(length is not None and length() > 0)
+
+    @staticmethod
+    def _keep(attention_mask: Any, batch: int, length: int) -> Optional[torch.Tensor]:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+            return None  # no mask, or a prepared 4-D one: every row is a token
+        return attention_mask[:, -length:].to(torch.bool)
+
+    def _router_hook(self, site: RouterSite) -> Any:
+        sink, layer = self.sink, site.layer
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            sink.selections(layer, site.ids(output), self.mask, self.seq, self.phase)
+
+        return hook
+
+    def _probe_hook(self, target: RouterSite, norm: nn.Module) -> Any:
+        sink, layer, router = self.sink, target.layer, target.router
+
+        def hook(module: nn.Module, args: tuple) -> None:
+            residual = args[0]
+            with torch.no_grad():
+                # forward(), not __call__: the probe must not fire any hook.
+                normed = norm.forward(residual)
+                output = router.forward(normed.reshape(-1, normed.shape[-1]))
+            sink.predictions(layer, target.ids(output), self.mask)
+
+        return hook
+
+
+@contextlib.contextmanager
+def capture(
+    model: nn.Module,
+    path: Union[str, "os.PathLike[str]", None] = None,
+    *,
+    trace: Optional[bool] = None,
+    pilot: Optional[str] = None,
+) -> Iterator[Optional[ModelRecorder]]:
+    """Record the routing of a transformers MoE ``model`` while the ``with`` block runs.
+
+    ``path``: where the capture is written when the block ends; None lets the
+    environment decide exactly as ``RouterHistogram.from_env`` (nothing is
+    recorded, and no hook installed, when ``TURBOSPARK_ROUTER_HIST`` is
+    unset; trace and probe then come from ``TURBOSPARK_ROUTER_TRACE`` and
+    ``TURBOSPARK_PILOT_PROBE``, so ``trace`` and ``pilot`` must be left None).
+    ``trace``: keep every pass's ids. ``pilot``: None, ``"next"`` (each routed
+    layer predicts the next routed one) or ``"self"`` (the wiring self-test).
+
+    Yields the recorder (a ``RouterHistogram``), or None when recording is
+    off. Layers are the model's decoder layers (dense ones stay zero rows).
+    On exit, normal or by exception, every hook is removed and the recorder
+    closed (the file written). Raises ``TypeError`` for a model whose routers
+    cannot be found or report no chosen ids (naming its class and what is
+    missing), ``ValueError`` for a bad ``pilot``, for ``trace``/``pilot``
+    given with ``path=None``, or when the probe cannot find a layer's
+    pre-MoE norm, and ``RuntimeError`` when a capture is already running on
+    the model.
+    """
+    if pilot not in _PILOTS:
+        raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
+    if path is None and (trace is not None or pilot is not None):
+        raise ValueError(
+            "with path=None the environment decides (TURBOSPARK_ROUTER_TRACE, TURBOSPARK_PILOT_PROBE); "
+            f"got trace={trace!r}, pilot={pilot!r}: pass a path to set them in code"
+        )
+    if model in _active:
+        raise RuntimeError(f"a capture is already running on this {type(model).__name__}")
+    if path is None and not os.environ.get("TURBOSPARK_ROUTER_HIST"):
+        yield None  # recording off: no discovery, no hook, no cost
+        return
+    routing = find_routing(model)
+    if path is None:
+        recorder = ModelRecorder.from_env(len(routing.layers), routing.num_experts, routing.top_k)
+    else:
+        recorder = ModelRecorder(path, len(routing.layers), routing.num_experts, routing.top_k, trace=bool(trace), pilot=pilot)
+    if recorder is None:
+        yield None
+        return
+    session = _Session(model, routing, recorder, _recorder_pilot(recorder))
+    try:
+        session.install()
+        _active.add(model)
+        yield recorder
+    finally:
+        session.remove()
+        _active.discard(model)
+        recorder.close()  # drains the sink's waiting blocks first
+
+
+def _device(routing: Routing) -> torch.device:
+    """Where the routers' outputs live (the first router's parameters)."""
+    parameter = next(routing.sites[0].router.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _recorder_pilot(recorder: ModelRecorder) -> Optional[str]:
+    if not recorder.pilot_enabled():
+        return None
+    return "self" if recorder.pilot_offset() == 0 else "next"
+
+
+def is_capturing(model: nn.Module) -> bool:
+    """True while a ``capture`` runs on ``model``."""
+    return model in _active

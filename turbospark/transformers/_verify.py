@@ -1,0 +1,206 @@
+"""``verify``: check a capture against the model's own routing, recomputed by a teacher-forced forward.
+
+The capture of a ``generate`` run holds, for each routed layer, first the
+prompt block (sequence by sequence, real tokens only), then one pass per
+decode step for every sequence not yet finished. Step s feeds the token
+generated at step s-1; a sequence's last generated token (its EOS, or the one
+that reached the length limit) is never fed, and neither is anything after
+its EOS. ``verify`` runs the model once over the final sequences with hooks
+on the routers, picks the same tokens in the same order, and compares.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from turbospark.capture import Capture, load, loads
+from turbospark.transformers._capture import is_capturing
+from turbospark.transformers._routers import Routing, find_routing
+
+__all__ = ["Verification", "expected_positions", "route_sequences", "verify"]
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What ``verify`` found: ``ok``, the number of ``passes`` compared, and the ``problems`` (empty when ok)."""
+
+    ok: bool
+    passes: int
+    checked_trace: bool
+    problems: tuple[str, ...] = field(default=())
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def expected_positions(
+    sequences: torch.Tensor, attention_mask: Optional[torch.Tensor], eos_token_ids: Sequence[int]
+) -> list[tuple[int, int]]:
+    """(row, position) of every token the capture should hold, in recording order.
+
+    ``attention_mask`` is the prompt's mask, (B, P) with P <= T; None means
+    the whole of ``sequences`` was the prompt, unpadded.
+    """
+    batch, total = sequences.shape
+    if attention_mask is None:
+        attention_mask = torch.ones(batch, total, dtype=torch.long)
+    prompt = attention_mask.shape[1]
+    generated = total - prompt
+    fed = []
+    for row in range(batch):
+        tail = sequences[row, prompt:].tolist()
+        stops = [i for i, token in enumerate(tail) if token in eos_token_ids]
+        fed.append(min(stops[0] if stops else generated - 1, generated - 1) if generated else 0)
+    order = [(row, p) for row in range(batch) for p in range(prompt) if attention_mask[row, p]]
+    for step in range(max(fed, default=0)):
+        order.extend((row, prompt + step) for row in range(batch) if step < fed[row])
+    return order
+
+
+def _check_sequences(captured: Capture, layer: int, order: list[tuple[int, int]], prompt: int) -> list[str]:
+    """The pass's sequence and phase, when the capture has them: rows in order, prompt positions phase 0."""
+    if captured.seq is None or captured.phase is None or captured.trace is None:
+        return []
+    seq, phase = captured.seq[layer], captured.phase[layer]
+    if seq.shape[0] != len(order):
+        return []  # the pass-count problem is reported already
+    rows = np.array([row for row, _ in order], dtype=np.int64)
+    want_phase = np.array([0 if col < prompt else 1 for _, col in order], dtype=np.int64)
+    problems = []
+    base = int(seq.min()) if seq.size else 0
+    if not np.array_equal(seq - base, rows):
+        problems.append(f"layer {layer}: the passes' sequence ids are not the batch rows in recording order")
+    if not np.array_equal(phase, want_phase):
+        problems.append(f"layer {layer}: prompt/decode phases differ from the prompt length {prompt}")
+    return problems
+
+
+def route_sequences(
+    model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, routing: Optional[Routing] = None
+) -> dict[int, torch.Tensor]:
+    """Each routed layer's chosen ids for every token of a teacher-forced forward: {layer: (B, T, top_k)}.
+
+    Position ids follow ``generate``'s rule (cumulative sum of the mask), so
+    left-padded rows see the positions they saw during generation.
+    """
+    routing = routing or find_routing(model)
+    batch, total = sequences.shape
+    found: dict[int, torch.Tensor] = {}
+    hooks = []
+    for site in routing.sites:
+        def hook(module: nn.Module, args: tuple, output: Any, site: Any = site) -> None:
+            found[site.layer] = site.ids(output).detach().to("cpu").reshape(batch, total, site.top_k)
+
+        hooks.append(site.router.register_forward_hook(hook))
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            model(
+                input_ids=sequences.to(device),
+                attention_mask=attention_mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=False,
+            )
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return found
+
+
+def _as_capture(capture: Any) -> Capture:
+    if isinstance(capture, Capture):
+        return capture
+    if isinstance(capture, (str, os.PathLike)):
+        return load(capture)
+    if hasattr(capture, "to_json"):
+        return loads(capture.to_json())
+    raise TypeError(f"capture must be a Capture, a path or a RouterHistogram, got {type(capture).__name__}")
+
+
+def _eos_ids(model: nn.Module, eos_token_id: Union[int, Sequence[int], None]) -> list[int]:
+    if eos_token_id is None:
+        config = getattr(model, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+
+
+def verify(
+    model: nn.Module,
+    capture: Any,
+    sequences: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    *,
+    eos_token_id: Union[int, Sequence[int], None] = None,
+) -> Verification:
+    """Check that ``capture`` holds exactly ``model``'s routing of ``sequences``.
+
+    Takes the model, the capture (a ``Capture``, a path, or the recorder
+    ``capture()`` yielded), the sequences ``generate`` returned (B, T) or the
+    input of a plain forward, and the prompt's ``attention_mask`` (B, P),
+    P <= T, or None for an unpadded prompt of the whole width. EOS ids come
+    from ``eos_token_id`` or the model's ``generation_config``.
+
+    Returns a ``Verification``: ok when every layer's counts equal the
+    recomputed routes' counts and, with a trace, every pass's set of ids
+    equals the recomputed one, in order (dense layers must stay empty), and
+    when the capture tags passes with sequences and phases, each pass carries
+    its batch row (offset by the capture's first sequence id) and phase.
+    Raises ``RuntimeError`` while a capture is running on the model (its
+    hooks would record this forward), ``TypeError`` for an unsupported model
+    or capture, ``ValueError`` when the mask does not fit the sequences.
+    """
+    if is_capturing(model):
+        raise RuntimeError("verify() runs a forward pass: call it after the capture's with-block has ended")
+    captured = _as_capture(capture)
+    sequences = torch.as_tensor(sequences).to("cpu")
+    if sequences.dim() != 2:
+        raise ValueError(f"sequences must be (batch, length), got shape {tuple(sequences.shape)}")
+    prompt_mask = None if attention_mask is None else torch.as_tensor(attention_mask).to("cpu")
+    if prompt_mask is not None and (prompt_mask.dim() != 2 or prompt_mask.shape[0] != sequences.shape[0] or prompt_mask.shape[1] > sequences.shape[1]):
+        raise ValueError(
+            f"attention_mask must be the prompt's mask, (batch, prompt length <= {sequences.shape[1]}), "
+            f"got shape {tuple(prompt_mask.shape)}"
+        )
+    full_mask = torch.ones_like(sequences)
+    if prompt_mask is not None:
+        full_mask[:, : prompt_mask.shape[1]] = prompt_mask
+    prompt_width = sequences.shape[1] if prompt_mask is None else prompt_mask.shape[1]
+    routing = find_routing(model)
+    routes = route_sequences(model, sequences, full_mask, routing)
+    order = expected_positions(sequences, prompt_mask, _eos_ids(model, eos_token_id))
+    rows = torch.tensor([row for row, _ in order], dtype=torch.long)
+    cols = torch.tensor([col for _, col in order], dtype=torch.long)
+    problems = []
+    num_layers = len(routing.layers)
+    if captured.num_layers != num_layers:
+        problems.append(f"capture has {captured.num_layers} layers, the model {num_layers}")
+    for layer in range(min(captured.num_layers, num_layers)):
+        expected = routes[layer][rows, cols].numpy() if layer in routes else np.zeros((0, captured.top_k), np.int64)
+        counts = np.bincount(expected.reshape(-1), minlength=captured.num_experts)[: captured.num_experts]
+        if not np.array_equal(captured.counts[layer], counts):
+            problems.append(f"layer {layer}: counts differ ({int(captured.counts[layer].sum())} ids captured, {expected.size} expected)")
+        if captured.trace is None:
+            continue
+        got = captured.trace[layer]
+        if got.shape[0] != expected.shape[0]:
+            problems.append(f"layer {layer}: {got.shape[0]} passes captured, {expected.shape[0]} expected")
+            continue
+        if layer in routes:
+            problems.extend(_check_sequences(captured, layer, order, prompt_width))
+        differ = np.nonzero((np.sort(got, axis=1) != np.sort(expected, axis=1)).any(axis=1))[0]
+        for index in differ[:3]:
+            row, col = order[index]
+            problems.append(
+                f"layer {layer}, pass {index} (sequence {row}, position {col}): captured {sorted(got[index].tolist())}, "
+                f"the model routes {sorted(expected[index].tolist())}"
+            )
+    return Verification(not problems, len(order), captured.trace is not None, tuple(problems))
