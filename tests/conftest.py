@@ -87,16 +87,6 @@ def compiled_core() -> Any:
     return _recorder.RecorderCore
 
 
-def require(module: str) -> Any:
-    """Import an optional module, or skip the test without it; under ``CI=true`` a missing module fails instead."""
-    if os.environ.get("CI") == "true":
-        try:
-            return __import__(module)
-        except ImportError as exc:
-            pytest.fail(f"{module} is required under CI=true: {exc}")
-    return pytest.importorskip(module)
-
-
 @pytest.fixture(autouse=True)
 def _no_swallowed_exceptions(capfd: pytest.CaptureFixture[str]) -> Any:
     """Fail a test whose stderr shows an exception swallowed in extension code or a finalizer."""

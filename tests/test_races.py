@@ -20,7 +20,7 @@ import pytest
 import turbospark
 from turbospark import _convert
 
-from conftest import require
+from conftest import require_module
 
 GOOD = [1, 2, 3, 4]
 EXPERTS = 64
@@ -86,7 +86,7 @@ CALLS = ["record", "record_prediction", "record_many", "record_many_sparse", "re
 def _source(name: str, arr: np.ndarray) -> Any:
     """What the call is given: the array, or a CPU tensor sharing its memory (so flips show through)."""
     if name.endswith("tensor"):
-        return require("torch").from_numpy(arr)
+        return require_module("torch").from_numpy(arr)
     return arr
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import turbospark
-from conftest import require
+from conftest import require_module
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -78,7 +78,7 @@ def test_the_context_manager_example(tmp_path: Path, monkeypatch: Any, capfd: An
 
 
 def test_the_torch_batch_example(tmp_path: Path, monkeypatch: Any, capfd: Any) -> None:
-    require("torch")
+    require_module("torch")
     source = example("torch-batch")
     printed = run(source, tmp_path, monkeypatch)
     promised = re.search(r"^# (\{.*\})$", source, re.M)
@@ -107,7 +107,7 @@ def _package_root() -> str:
 
 
 def mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
-    require("mypy")
+    require_module("mypy")
     (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
     (tmp_path / "example.py").write_text(source)
     return subprocess.run(

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import require_module
 
-torch = require("torch")
+torch = require_module("torch")
 
 INT_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 BLOCK = [[3, 1], [0, 2], [5, 4], [2, 2]]
