@@ -9,7 +9,6 @@ the GIL and a rejected call records nothing.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
@@ -668,13 +667,54 @@ cdef inline Py_ssize_t _convert_fast(RecorderCore self, object selected, int kin
     return ts_record_ints(PySequence_Fast_ITEMS(selected), n, self._num_experts, dest, row)
 
 
-cdef object _numpy_integer = np.integer
+# numpy's integer scalar types (np.int8 ... np.uint64, and the C-named
+# aliases that are distinct types, e.g. np.longlong), with their value's
+# size and sign. Every one is a PyObject header followed by the value
+# (numpy's Py<Type>ScalarObject), so a value is read at a fixed offset.
+cdef tuple _numpy_int_types = tuple({t: None for t in (
+    np.byte, np.ubyte, np.short, np.ushort, np.intc, np.uintc, np.int_, np.uint, np.longlong, np.ulonglong)})
+cdef PyObject* _np_types[16]
+cdef int _np_sizes[16]
+cdef bint _np_signed[16]
+cdef int _np_count = 0
+for _t in _numpy_int_types:
+    _np_types[_np_count] = <PyObject*>_t
+    _np_sizes[_np_count] = np.dtype(_t).itemsize
+    _np_signed[_np_count] = np.dtype(_t).kind == "i"
+    _np_count += 1
 
 
-cdef inline bint _numpy_int(PyObject* item, long long* value) except -1:
-    """A numpy integer scalar's value, through its C ``__index__`` (no Python code); False if it overflows."""
-    number = PyNumber_Index(<object>item)
-    return ts_compact_int(<PyObject*>number, value)
+cdef inline bint _numpy_int(PyObject* item, long long* value) noexcept:
+    """The value of a numpy integer scalar read in place; False for anything else, or beyond int64."""
+    cdef PyObject* kind = _type_of(<object>item)
+    cdef const char* at = <const char*>item + sizeof(PyObject)
+    cdef int i
+    for i in range(_np_count):
+        if kind != _np_types[i]:
+            continue
+        if _np_sizes[i] == 8:
+            if _np_signed[i]:
+                value[0] = (<const int64_t*>at)[0]
+                return True
+            if (<const uint64_t*>at)[0] > <uint64_t>9223372036854775807:
+                return False
+            value[0] = <long long>(<const uint64_t*>at)[0]
+        elif _np_sizes[i] == 4:
+            if _np_signed[i]:
+                value[0] = (<const int32_t*>at)[0]
+            else:
+                value[0] = (<const uint32_t*>at)[0]
+        elif _np_sizes[i] == 2:
+            if _np_signed[i]:
+                value[0] = (<const int16_t*>at)[0]
+            else:
+                value[0] = (<const uint16_t*>at)[0]
+        elif _np_signed[i]:
+            value[0] = (<const int8_t*>at)[0]
+        else:
+            value[0] = (<const uint8_t*>at)[0]
+        return True
+    return False
 
 
 cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_t n,
@@ -695,9 +735,8 @@ cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_
             item = PyTuple_GET_ITEM(selected, i)
         if _is_exact_int(item) and ts_compact_int(item, &value) and 0 <= value and <uint64_t>value < self._num_experts:
             ids[i] = <uint32_t>value
-        elif isinstance(<object>item, _numpy_integer) and _numpy_int(item, &value) \
-                and 0 <= value and <uint64_t>value < self._num_experts:
-            # A numpy integer scalar (list(arr)): read in C, no Python frame.
+        elif _numpy_int(item, &value) and 0 <= value and <uint64_t>value < self._num_experts:
+            # A numpy integer scalar (list(arr)): read in place, no Python frame.
             ids[i] = <uint32_t>value
         else:
             ids[i] = <uint32_t>_convert.check_id(<object>item, i, self._num_experts)

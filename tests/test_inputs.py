@@ -376,3 +376,18 @@ def test_integer_logits_are_numbers(make: Callable[..., Any]) -> None:
     hist.record_router_logits(0, np.array([1, -2, 3, 2**24 + 1], dtype=np.int64))
     # 2**24 + 1 is not an f32; it rounds to 2**24 as the reference's f32 would.
     assert hist.to_json().endswith('"values":[1,-2,3,16777216]}}')
+
+
+@pytest.mark.parametrize(
+    "kind", [np.byte, np.ubyte, np.short, np.ushort, np.intc, np.uintc, np.int_, np.uint, np.longlong, np.ulonglong]
+)
+def test_lists_of_numpy_integer_scalars_of_every_type(make: Any, kind: Any) -> None:
+    # list(arr) gives numpy scalars; the compiled core reads them in place.
+    hist = make(1, 128, trace=True)
+    hist.record(0, [kind(v) for v in (127, 0, 5)])
+    with pytest.raises(ValueError) as info:
+        hist.record(0, [kind(1), kind(2), kind(-1 if np.dtype(kind).kind == "i" else 128)])
+    shown = -1 if np.dtype(kind).kind == "i" else 128
+    assert str(info.value) == f"expert id {shown} at position 2 is out of range for 128 experts"
+    assert hist.trace(0).tolist() == [[127, 0, 5]]
+    assert hist.counts[0].sum() == 3

@@ -121,6 +121,7 @@ def mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_recording_examples_pass_mypy_strict(tmp_path: Path) -> None:
+    require_module("torch")  # the torch-batch example imports it; mypy needs its stubs
     source = DECODE_LOOP_PRELUDE + "\n\ndef loop() -> None:\n" + "".join(
         f"    {line}\n" for line in example("decode-loop").splitlines()
     )

@@ -225,7 +225,8 @@ def test_random_masked_blocks_equal_their_filtered_copies(cls: Any, tmp_path: An
 def test_a_logit_row_tensor_of_any_float_dtype_is_captured(cls: Any, tmp_path: Any, dtype: str) -> None:
     hist = cls(str(tmp_path / "l.json"), 1, 4, router_logits=(0, 0))
     try:
-        hist.record_router_logits(0, torch.tensor([1.5, -2.0, 0.25, 3.0], dtype=getattr(torch, dtype)))
+        row = torch.tensor([1.5, -2.0, 0.25, 3.0], dtype=getattr(torch, dtype), requires_grad=True)
+        hist.record_router_logits(0, row)
         assert hist.to_json().endswith('"router_logits":{"layer":0,"pass":0,"values":[1.5,-2,0.25,3]}}')
     finally:
         hist.discard()

@@ -262,6 +262,7 @@ def logit_row(logits: Any, num_experts: int) -> array[float]:
     if is_tensor(logits):
         if logits.device.type != "cpu":
             raise _errors.device("router logits", logits.device)
+        logits = logits.detach()  # a row that requires grad is still just numbers here
         if logits.is_floating_point() and logits.dtype.itemsize < 4:
             logits = logits.float()
     try:
