@@ -9,6 +9,7 @@ the GIL and a rejected call records nothing.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
@@ -119,29 +120,18 @@ ctypedef fused int_t:
     uint64_t
 
 
-cdef Py_ssize_t _convert_strided(const int_t* first, Py_ssize_t n, Py_ssize_t stride,
-                                 uint32_t* out, uint64_t num_experts) noexcept nogil:
-    """Copy ``n`` ids to ``out``; return the position of the first out-of-range id, or -1."""
-    cdef const char* base = <const char*>first
-    cdef int_t value
-    cdef Py_ssize_t i
-    for i in range(n):
-        value = (<const int_t*>(base + i * stride))[0]
-        if value < 0 or <uint64_t>value >= num_experts:
-            return i
-        out[i] = <uint32_t>value
-    return -1
-
-
 cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssize_t stride,
-                                       uint32_t* out, uint64_t* row, uint64_t num_experts) noexcept nogil:
-    """``_convert_strided`` that also counts into ``row``, taking its counts back on a bad id."""
+                                       uint32_t* out, uint64_t* row, uint64_t num_experts,
+                                       uint64_t* bad) noexcept nogil:
+    """Copy ``n`` strided ids to ``out`` and count them into ``row``; on a bad id take the counts back
+    and return its position (its bits in ``bad``); else -1."""
     cdef const char* base = <const char*>first
     cdef int_t value
     cdef Py_ssize_t i, j
     for i in range(n):
         value = (<const int_t*>(base + i * stride))[0]
         if value < 0 or <uint64_t>value >= num_experts:
+            bad[0] = <uint64_t>value
             for j in range(i):
                 row[out[j]] -= 1
             return i
@@ -150,22 +140,19 @@ cdef inline Py_ssize_t _record_strided(const int_t* first, Py_ssize_t n, Py_ssiz
     return -1
 
 
-cdef inline uint64_t _clamp(uint64_t value, uint64_t limit) noexcept nogil:
-    return value if value < limit else limit
-
-
-cdef bint _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
-                         uint64_t* tables) noexcept nogil:
+cdef Py_ssize_t _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t num_experts,
+                               uint64_t* tables, uint64_t* bad) noexcept nogil:
     """One pass over ``n`` contiguous ids: validate, copy to ``out`` (unless NULL), count.
 
     Counts go to four interleaved scratch tables of ``num_experts + 1`` slots
     (zeroed by the caller): one table would serialise on repeated ids, each
-    increment waiting for the previous store to the same counter. An
-    out-of-range id (a negative one too, once cast to uint64) is counted in
-    the spare last slot, so nothing is written out of bounds and the caller,
-    seeing True, merges nothing and names the bad id instead.
+    increment waiting for the previous store to the same counter. A quad
+    holding an out-of-range id (a negative one too, once cast to uint64) is
+    searched in the values this pass read, never re-read from ``src``: its
+    position is returned, its bits put in ``bad``, and the caller merges
+    nothing. Returns -1 when every id is valid.
     """
-    cdef uint64_t bad = 0
+    cdef uint64_t flagged = 0
     cdef uint64_t v0, v1, v2, v3
     cdef uint64_t width = num_experts + 1
     cdef Py_ssize_t i = 0
@@ -175,54 +162,41 @@ cdef bint _convert_count(const int_t* src, Py_ssize_t n, uint32_t* out, uint64_t
         v1 = <uint64_t>src[i + 1]
         v2 = <uint64_t>src[i + 2]
         v3 = <uint64_t>src[i + 3]
-        bad |= (v0 >= num_experts) | (v1 >= num_experts) | (v2 >= num_experts) | (v3 >= num_experts)
+        flagged = (v0 >= num_experts) | (v1 >= num_experts) | (v2 >= num_experts) | (v3 >= num_experts)
+        if flagged:
+            # The values in hand, not a re-read of src: another thread may
+            # have changed it since.
+            if v0 >= num_experts:
+                bad[0] = v0
+                return i
+            if v1 >= num_experts:
+                bad[0] = v1
+                return i + 1
+            if v2 >= num_experts:
+                bad[0] = v2
+                return i + 2
+            bad[0] = v3
+            return i + 3
         if out != NULL:
             out[i] = <uint32_t>v0
             out[i + 1] = <uint32_t>v1
             out[i + 2] = <uint32_t>v2
             out[i + 3] = <uint32_t>v3
-        tables[_clamp(v0, num_experts)] += 1
-        tables[width + _clamp(v1, num_experts)] += 1
-        tables[2 * width + _clamp(v2, num_experts)] += 1
-        tables[3 * width + _clamp(v3, num_experts)] += 1
+        tables[v0] += 1
+        tables[width + v1] += 1
+        tables[2 * width + v2] += 1
+        tables[3 * width + v3] += 1
         i += 4
     while i < n:
         v0 = <uint64_t>src[i]
-        bad |= v0 >= num_experts
+        if v0 >= num_experts:
+            bad[0] = v0
+            return i
         if out != NULL:
             out[i] = <uint32_t>v0
-        tables[_clamp(v0, num_experts)] += 1
+        tables[v0] += 1
         i += 1
-    return bad != 0
-
-
-# Above this many experts the scratch count tables of record_many would cost
-# more to clear and merge than they save; count in place instead.
-cdef uint64_t MAX_TABLE_EXPERTS = 65536
-
-
-cdef int _record_many_sparse(RecorderCore self, Py_ssize_t index, cnp.ndarray arr, Py_ssize_t rows,
-                             Py_ssize_t width, uint32_t* ids) except -1:
-    """``record_many`` for very many experts: validate into ``ids`` (or scratch), then count in place."""
-    cdef Py_ssize_t i
-    cdef Py_ssize_t total = rows * width
-    cdef uint32_t* scratch = NULL
-    cdef uint64_t* row = self._counts + index * self._num_experts
-    if ids == NULL:
-        scratch = <uint32_t*>malloc(total * sizeof(uint32_t))
-        if scratch == NULL:
-            raise MemoryError()
-        ids = scratch
-    try:
-        if _on_array(arr, CONVERT, total, cnp.PyArray_ITEMSIZE(arr), ids, NULL, self._num_experts) >= 0:
-            _convert.array_ids(arr, self._num_experts)  # raises, naming the id
-        _recheck_k(self, width)
-        for i in range(total):
-            row[ids[i]] += 1
-        _commit_block(self, index, rows, width)
-    finally:
-        free(scratch)
-    return 0
+    return -1
 
 
 cdef inline void _commit_block(RecorderCore self, Py_ssize_t index, Py_ssize_t rows, Py_ssize_t width) noexcept:
@@ -233,6 +207,7 @@ cdef inline void _commit_block(RecorderCore self, Py_ssize_t index, Py_ssize_t r
         self._trace[index].len += rows * width
         _prefault(&self._trace[index])
     self._passes[index] += rows
+    self._commits += 1
 
 
 cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_experts) noexcept nogil:
@@ -242,51 +217,7 @@ cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_expe
         row[e] += tables[e] + tables[width + e] + tables[2 * width + e] + tables[3 * width + e]
 
 
-cdef enum:
-    # What _on_array does with an integer array's ids (see _kernel).
-    CONVERT = 0
-    RECORD = 1
-    CONVERT_COUNT = 2
-
-
-cdef inline Py_ssize_t _kernel(const int_t* data, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
-                               uint64_t* counts, uint64_t num_experts) noexcept nogil:
-    """One loop over ``n`` ids of one dtype; returns the position of a bad id (0 for CONVERT_COUNT), or -1.
-
-    CONVERT copies strided ids to ``out``; RECORD also counts them into the
-    row ``counts``; CONVERT_COUNT reads contiguous ids into ``out`` (unless
-    NULL) and the four scratch tables ``counts``.
-    """
-    if op == CONVERT:
-        return _convert_strided(data, n, stride, out, num_experts)
-    if op == RECORD:
-        return _record_strided(data, n, stride, out, counts, num_experts)
-    return 0 if _convert_count(data, n, out, num_experts, counts) else -1
-
-
-cdef Py_ssize_t _on_array(cnp.ndarray arr, int op, Py_ssize_t n, Py_ssize_t stride, uint32_t* out,
-                          uint64_t* counts, uint64_t num_experts) except -2:
-    """Run ``_kernel`` on the (native, aligned, integer) dtype of ``arr``."""
-    cdef void* data = cnp.PyArray_DATA(arr)
-    cdef int itemsize = cnp.PyArray_ITEMSIZE(arr)
-    cdef bint signed = cnp.PyTypeNum_ISSIGNED(cnp.PyArray_TYPE(arr))
-    if itemsize == 8:
-        if signed:
-            return _kernel(<const int64_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint64_t*>data, op, n, stride, out, counts, num_experts)
-    if itemsize == 4:
-        if signed:
-            return _kernel(<const int32_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint32_t*>data, op, n, stride, out, counts, num_experts)
-    if itemsize == 2:
-        if signed:
-            return _kernel(<const int16_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint16_t*>data, op, n, stride, out, counts, num_experts)
-    if itemsize == 1:
-        if signed:
-            return _kernel(<const int8_t*>data, op, n, stride, out, counts, num_experts)
-        return _kernel(<const uint8_t*>data, op, n, stride, out, counts, num_experts)
-    raise _errors.dtype(str(arr.dtype))
+include "_views.pxi"
 
 
 cdef cnp.ndarray _plain_integer_array(cnp.ndarray arr):
@@ -341,14 +272,6 @@ cdef char* _put_text(char* p, const char* text, Py_ssize_t n) noexcept nogil:
     return p + n
 
 
-cdef size_t _digits(uint64_t value) noexcept nogil:
-    cdef size_t n = 1
-    while value >= 10:
-        value //= 10
-        n += 1
-    return n
-
-
 cdef class RecorderCore:
     """Counts, trace and predictions of one capture; see ``RouterHistogram``."""
 
@@ -366,6 +289,10 @@ cdef class RecorderCore:
     cdef object _logits
     cdef bint _closed
     cdef bint _ready
+    # Commits that changed the counts, and the snapshot last handed out.
+    cdef uint64_t _commits
+    cdef uint64_t _cached_at
+    cdef object _counts_cache
 
     def __cinit__(self, *args, **kwargs):
         self._counts = NULL
@@ -375,19 +302,21 @@ cdef class RecorderCore:
         self._logits = None
         self._logits_layer = -1
 
-    def __init__(self, Py_ssize_t num_layers, uint64_t num_experts, Py_ssize_t top_k,
-                 bint trace, pilot, Py_ssize_t logits_layer, uint64_t logits_pass):
+    def __init__(self, num_layers, num_experts, top_k, trace, pilot, logits_layer, logits_pass):
         if self._ready:
             raise RuntimeError("a recorder core is initialised once")
+        # Checked here, not trusted from the facade: these sizes index C arrays.
+        num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
+            num_layers, num_experts, top_k, pilot, logits_layer, logits_pass)
         self._num_layers = num_layers
         self._num_experts = num_experts
         self._top_k = top_k
         self._pred_k = 0
-        self._counts = <uint64_t*>calloc(max(num_layers * num_experts, 1), sizeof(uint64_t))
-        self._passes = <uint64_t*>calloc(max(num_layers, 1), sizeof(uint64_t))
+        self._counts = <uint64_t*>calloc(max(self._num_layers * self._num_experts, 1), sizeof(uint64_t))
+        self._passes = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
         if self._counts == NULL or self._passes == NULL:
             raise MemoryError()
-        if trace:
+        if bool(trace):
             self._trace = self._new_rows()
         if pilot is not None:
             self._pred = self._new_rows()
@@ -447,50 +376,16 @@ cdef class RecorderCore:
     def record_prediction(self, layer, predicted):
         _record_pass(self, layer, predicted, True)
 
-    def record_many(self, layer, selected):
-        cdef Py_ssize_t index, rows, width, total
-        cdef cnp.ndarray arr
-        cdef uint32_t* ids
-        cdef uint64_t* tables
-        if self._closed:
-            raise _errors.closed()
-        index = _layer_index(self, layer)
-        if not (isinstance(selected, (list, tuple)) or cnp.PyArray_Check(selected)
-                or _convert.is_array_like(selected)):
-            raise _errors.selection_type(selected)
-        arr = _convert.as_array(selected, _convert.TWO_D)
-        rows = cnp.PyArray_DIM(arr, 0)
-        width = cnp.PyArray_DIM(arr, 1)
-        _convert.check_length(width, self._top_k or self._pred_k)
-        if arr.dtype.kind == "O":
-            arr = _convert.array_ids(arr, self._num_experts)
-        else:
-            arr = np.ascontiguousarray(_plain_integer_array(arr))
-        if rows == 0:
-            return
-        total = rows * width
-        ids = NULL
-        if self._trace != NULL:
-            # Convert straight into the trace's spare capacity: it becomes part
-            # of the trace only when len moves, after the whole call is valid.
-            ids = _spare(&self._trace[index], total)
-            _prefault_spare(&self._trace[index], total)
-        if self._num_experts > MAX_TABLE_EXPERTS:
-            return _record_many_sparse(self, index, arr, rows, width, ids)
-        tables = <uint64_t*>calloc(4 * (self._num_experts + 1), sizeof(uint64_t))
-        if tables == NULL:
-            raise MemoryError()
-        try:
-            if _on_array(arr, CONVERT_COUNT, total, 0, ids, tables, self._num_experts) >= 0:
-                _convert.array_ids(arr, self._num_experts)  # raises, naming the id
-            _recheck_k(self, width)
-            _merge_counts(self._counts + index * self._num_experts, tables, self._num_experts)
-            _commit_block(self, index, rows, width)
-        finally:
-            free(tables)
+    def record_many(self, layer, selected, mask=None):
+        _record_block(self, layer, selected, mask, False)
+
+    def record_prediction_many(self, layer, predicted, mask=None):
+        _record_block(self, layer, predicted, mask, True)
 
     def record_router_logits(self, layer, logits):
         cdef Py_ssize_t index, got
+        if self._logits_layer < 0:
+            return  # no row requested: free, as the reference's call is
         if self._closed:
             raise _errors.closed()
         index = _layer_index(self, layer)
@@ -516,37 +411,48 @@ cdef class RecorderCore:
         self._closed = True
         return was_open
 
-    def counts_array(self):
-        cdef cnp.ndarray out = np.empty((self._num_layers, self._num_experts), dtype=np.uint64)
+    def _counts_snapshot(self):
+        """The counts as a read-only int64 array, copied only when a pass was recorded since the last one."""
+        cdef cnp.ndarray out
+        if self._counts_cache is not None and self._cached_at == self._commits:
+            return self._counts_cache
+        # int64 like a loaded Capture's counts; no count can reach 2**63.
+        out = np.empty((self._num_layers, self._num_experts), dtype=np.int64)
         memcpy(cnp.PyArray_DATA(out), self._counts, self._num_layers * self._num_experts * sizeof(uint64_t))
+        out.setflags(write=False)
+        self._counts_cache = out
+        self._cached_at = self._commits
         return out
 
-    def passes_array(self):
-        cdef cnp.ndarray out = np.empty(self._num_layers, dtype=np.uint64)
+    def _passes_array(self):
+        cdef cnp.ndarray out = np.empty(self._num_layers, dtype=np.int64)
         memcpy(cnp.PyArray_DATA(out), self._passes, self._num_layers * sizeof(uint64_t))
         return out
 
-    def trace_array(self, layer):
+    def _trace_array(self, layer):
         cdef Py_ssize_t index = _layer_index(self, layer)
         if self._trace == NULL:
             return None
         return _rows_array(&self._trace[index], self._top_k)
 
-    def predictions_array(self, layer):
+    def _predictions_array(self, layer):
         cdef Py_ssize_t index = _layer_index(self, layer)
         if self._pred == NULL:
             return None
         return _rows_array(&self._pred[index], self._top_k or self._pred_k)
 
-    def logits_capture(self):
+    def _logits_capture(self):
         if self._logits_layer < 0:
             return None
         return (self._logits_layer, self._logits_pass, self._logits)
 
-    def json_document(self, bytes tail):
+    def _json_document(self, bytes tail):
         """The JSON document up to ``router_logits``, followed by ``tail``."""
         cdef size_t bound = 160 + len(tail)
-        cdef size_t id_width = _digits(self._num_experts) + 1
+        # Room for any id a uint32 buffer can hold (10 digits and a comma),
+        # not just those below num_experts: the writer never trusts that
+        # every committed id was checked.
+        cdef size_t id_width = 11
         cdef Py_ssize_t layer
         cdef uint64_t e
         cdef char* buf
@@ -639,7 +545,7 @@ cdef enum:
     OTHER = 0
     LIST = 1
     TUPLE = 2
-    ARRAY = 3
+    VIEW = 3  # an integer ndarray or a CPU tensor, described by an IdView
 
 cdef inline int _record_pass(RecorderCore self, object layer, object selected, bint prediction) except -1:
     """One pass's selection (or, with ``prediction``, the pilot's prediction) for ``layer``."""
@@ -648,13 +554,14 @@ cdef inline int _record_pass(RecorderCore self, object layer, object selected, b
     cdef IdBuf* rows = self._pred if prediction else self._trace
     cdef Py_ssize_t index, n = 0
     cdef int kind
+    cdef IdView view
     if self._closed:
         raise _errors.closed()
     index = _layer_index(self, layer)
-    kind = _kind(selected, &n)
+    kind = _kind(selected, &n, &view)
     if kind == OTHER:
         selected = _normalize(selected)
-        kind = _kind(selected, &n)
+        kind = _kind(selected, &n, &view)
         if kind == OTHER:  # cannot happen: _normalize returns what _kind accepts
             raise _errors.selection_type(selected)
     _expect(self, n)
@@ -666,7 +573,7 @@ cdef inline int _record_pass(RecorderCore self, object layer, object selected, b
     elif n <= STACK_IDS:
         dest = local
     else:
-        return _record_slowly(self, index, selected, kind, n, prediction)
+        return _record_slowly(self, index, selected, kind, n, prediction, &view)
     # Python code may have run since the entry check (a layer's __index__,
     # _normalize): another thread may have closed the recorder meanwhile.
     if self._closed:
@@ -674,8 +581,8 @@ cdef inline int _record_pass(RecorderCore self, object layer, object selected, b
     # The fast conversion counts selections as it goes (and takes its counts
     # back if it stops early): no Python code runs in it, so nobody sees them.
     if _convert_fast(self, selected, kind, n, dest,
-                     NULL if prediction else self._counts + index * self._num_experts) < n:
-        return _record_slowly(self, index, selected, kind, n, prediction)
+                     NULL if prediction else self._counts + index * self._num_experts, &view) < n:
+        return _record_slowly(self, index, selected, kind, n, prediction, &view)
     if prediction:
         return _commit_prediction(self, index, dest, n, False)
     return _commit_selection(self, index, dest, n, False)
@@ -692,22 +599,17 @@ cdef Py_ssize_t _layer_index_slowly(RecorderCore self, object layer) except -1:
     return _convert.check_layer(layer, self._num_layers)
 
 
-cdef inline int _kind(object selected, Py_ssize_t* n) noexcept:
-    """LIST, TUPLE or ARRAY (1-D integer, native, aligned) with its length in ``n``; else OTHER."""
-    cdef int typenum
+cdef inline int _kind(object selected, Py_ssize_t* n, IdView* view) except -1:
+    """LIST, TUPLE or VIEW (1-D integer ndarray or known CPU tensor) with its length in ``n``; else OTHER."""
     if PyList_CheckExact(selected):
         n[0] = PyList_GET_SIZE(selected)
         return LIST
     if PyTuple_CheckExact(selected):
         n[0] = PyTuple_GET_SIZE(selected)
         return TUPLE
-    if cnp.PyArray_CheckExact(selected):
-        typenum = cnp.PyArray_TYPE(<cnp.ndarray>selected)
-        if (cnp.PyArray_NDIM(<cnp.ndarray>selected) == 1 and cnp.PyTypeNum_ISINTEGER(typenum)
-                and typenum != cnp.NPY_BOOL and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>selected)
-                and cnp.PyArray_ISALIGNED(<cnp.ndarray>selected)):
-            n[0] = cnp.PyArray_DIM(<cnp.ndarray>selected, 0)
-            return ARRAY
+    if _fast_view(selected, view, 1):
+        n[0] = view.width
+        return VIEW
     return OTHER
 
 
@@ -716,6 +618,8 @@ cdef object _normalize(object selected):
     if isinstance(selected, (list, tuple)):
         return list(selected)
     if cnp.PyArray_Check(selected) or _convert.is_array_like(selected):
+        if _convert.is_tensor(selected):
+            _exchange_table(type(selected))  # from now on, tensors of this class take the fast path
         arr = _convert.as_array(selected, _convert.ONE_D)
         if arr.dtype.kind == "O":
             return arr.tolist()
@@ -752,30 +656,35 @@ cdef inline uint32_t* _spare(IdBuf* buf, Py_ssize_t n) except NULL:
 
 
 cdef inline Py_ssize_t _convert_fast(RecorderCore self, object selected, int kind, Py_ssize_t n,
-                                     uint32_t* dest, uint64_t* row) except -1:
+                                     uint32_t* dest, uint64_t* row, const IdView* view) except -1:
     """Convert, and count into ``row`` unless NULL, without running Python code.
 
     Returns n, or fewer (having counted nothing) when some id needs the slow
     path; raises, having counted nothing, for an array with a bad id.
     """
-    cdef Py_ssize_t bad
-    if kind == ARRAY:
-        bad = _on_array(<cnp.ndarray>selected, CONVERT if row == NULL else RECORD, n,
-                        cnp.PyArray_STRIDE(<cnp.ndarray>selected, 0), dest, row, self._num_experts)
-        if bad >= 0:
-            _convert.array_ids(selected, self._num_experts)  # raises, naming the id
+    if kind == VIEW:
+        _on_view(view, CONVERT if row == NULL else RECORD, NULL, dest, row, self._num_experts)
         return n
     return ts_record_ints(PySequence_Fast_ITEMS(selected), n, self._num_experts, dest, row)
 
 
+cdef object _numpy_integer = np.integer
+
+
+cdef inline bint _numpy_int(PyObject* item, long long* value) except -1:
+    """A numpy integer scalar's value, through its C ``__index__`` (no Python code); False if it overflows."""
+    number = PyNumber_Index(<object>item)
+    return ts_compact_int(<PyObject*>number, value)
+
+
 cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_t n,
-                         uint32_t* ids) except -1:
+                         uint32_t* ids, const IdView* view) except -1:
     """Any list or tuple of ids, some of which may run Python code (``__index__``)."""
     cdef Py_ssize_t i
     cdef PyObject* item
     cdef long long value
-    if kind == ARRAY:
-        return _convert_fast(self, selected, kind, n, ids, NULL)
+    if kind == VIEW:
+        return _convert_fast(self, selected, kind, n, ids, NULL, view)
     for i in range(n):
         if kind == LIST:
             # That code may shrink the list under us.
@@ -786,19 +695,23 @@ cdef int _convert_slowly(RecorderCore self, object selected, int kind, Py_ssize_
             item = PyTuple_GET_ITEM(selected, i)
         if _is_exact_int(item) and ts_compact_int(item, &value) and 0 <= value and <uint64_t>value < self._num_experts:
             ids[i] = <uint32_t>value
+        elif isinstance(<object>item, _numpy_integer) and _numpy_int(item, &value) \
+                and 0 <= value and <uint64_t>value < self._num_experts:
+            # A numpy integer scalar (list(arr)): read in C, no Python frame.
+            ids[i] = <uint32_t>value
         else:
             ids[i] = <uint32_t>_convert.check_id(<object>item, i, self._num_experts)
     return 0
 
 
 cdef int _record_slowly(RecorderCore self, Py_ssize_t index, object selected, int kind, Py_ssize_t n,
-                        bint prediction) except -1:
+                        bint prediction, const IdView* view) except -1:
     """Convert into a private buffer first, then commit with a copy: safe whatever the ids run."""
     cdef uint32_t* ids = <uint32_t*>malloc(n * sizeof(uint32_t))
     if ids == NULL:
         raise MemoryError()
     try:
-        _convert_slowly(self, selected, kind, n, ids)
+        _convert_slowly(self, selected, kind, n, ids, view)
         if prediction:
             _commit_prediction(self, index, ids, n, True)
         else:
@@ -828,6 +741,7 @@ cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uin
     if self._top_k == 0:
         self._top_k = n
     self._passes[index] += 1
+    self._commits += 1
     return 0
 
 
@@ -844,6 +758,122 @@ cdef inline int _commit_prediction(RecorderCore self, Py_ssize_t index, const ui
     _prefault(pred)
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = n
+    return 0
+
+
+# -- record_many and record_prediction_many -----------------------------------
+
+# Blocks of at least this many ids (and at least num_experts of them) count
+# through four scratch tables (see _convert_count); smaller ones count
+# straight into the layer's row, so a small block costs no allocation and a
+# block over a huge expert count no table to clear.
+cdef Py_ssize_t TABLE_MIN_IDS = 2048
+
+
+cdef int _record_block(RecorderCore self, object layer, object selected, object mask, bint prediction) except -1:
+    """``n`` passes (or predictions) for ``layer`` at once, only the rows ``mask`` keeps; all or nothing."""
+    cdef IdView view
+    cdef Py_ssize_t index, rows, width, total, chosen, i
+    cdef uint8_t* keep = NULL
+    cdef uint32_t local[STACK_IDS]
+    cdef uint32_t* dest = NULL
+    cdef uint32_t* scratch = NULL
+    cdef uint64_t* tables = NULL
+    cdef uint64_t* row
+    cdef IdBuf* buf = self._pred if prediction else self._trace
+    cdef object held = None
+    if self._closed:
+        raise _errors.closed()
+    index = _layer_index(self, layer)
+    if not _fast_view(selected, &view, 2):
+        held, masked = _block_slowly(self, selected, mask)
+        if masked:
+            mask = None
+        _array_view(held, &view, 2)
+    rows = view.rows
+    width = view.width
+    _expect(self, width)
+    try:
+        if mask is not None:
+            keep = <uint8_t*>malloc(rows if rows else 1)
+            if keep == NULL:
+                raise MemoryError()
+            chosen = _mask_copy(mask, rows, keep)
+        else:
+            chosen = rows
+        if chosen == 0:
+            return 0
+        total = chosen * width
+        if buf != NULL:
+            # Straight into the trace's (or predictions') spare capacity: it
+            # becomes part of it only when len moves, once all is valid.
+            dest = _spare(&buf[index], total)
+            _prefault_spare(&buf[index], total)
+        # Python code may have run (a layer's __index__, a slow conversion).
+        if self._closed:
+            raise _errors.closed()
+        if (not prediction and keep == NULL and total >= TABLE_MIN_IDS
+                and self._num_experts <= <uint64_t>total and _contiguous(&view)):
+            tables = <uint64_t*>calloc(4 * (self._num_experts + 1), sizeof(uint64_t))
+            if tables == NULL:
+                raise MemoryError()
+            _on_view(&view, CONVERT_COUNT, NULL, dest, tables, self._num_experts)
+            _recheck_k(self, width)
+            _merge_counts(self._counts + index * self._num_experts, tables, self._num_experts)
+        else:
+            if dest == NULL:
+                if total <= STACK_IDS:
+                    dest = local
+                else:
+                    dest = scratch = <uint32_t*>malloc(total * sizeof(uint32_t))
+                    if scratch == NULL:
+                        raise MemoryError()
+            _on_view(&view, CONVERT, keep, dest, NULL, self._num_experts)
+            _recheck_k(self, width)
+            if not prediction:
+                row = self._counts + index * self._num_experts
+                for i in range(total):
+                    row[dest[i]] += 1
+        if prediction:
+            _commit_prediction_rows(self, index, chosen, width)
+        else:
+            _commit_block(self, index, chosen, width)
+    finally:
+        free(keep)
+        free(scratch)
+        free(tables)
+    return 0
+
+
+cdef tuple _block_slowly(RecorderCore self, object selected, object mask):
+    """Any other accepted block as (a 2-D integer ndarray ``_array_view`` takes, whether ``mask`` was applied).
+
+    Raises as the pure-Python core does. Object arrays (big or odd ints) are
+    validated here, into a private uint32 copy of the rows the mask keeps.
+    """
+    if not (isinstance(selected, (list, tuple)) or cnp.PyArray_Check(selected)
+            or _convert.is_array_like(selected)):
+        raise _errors.selection_type(selected)
+    if _convert.is_tensor(selected):
+        _exchange_table(type(selected))  # from now on, tensors of this class take the fast path
+    arr = _convert.as_array(selected, _convert.TWO_D)
+    _convert.check_length(arr.shape[1], self._top_k or self._pred_k)
+    if arr.dtype.kind == "O":
+        return _convert.block_ids(arr, self._num_experts, mask), True
+    return _plain_integer_array(arr), False
+
+
+cdef inline int _commit_prediction_rows(RecorderCore self, Py_ssize_t index, Py_ssize_t rows,
+                                        Py_ssize_t width) noexcept:
+    """Commit ``rows`` validated predictions already in the predictions' spare room (dropped when the probe is off)."""
+    cdef IdBuf* pred
+    if self._pred == NULL:
+        return 0
+    pred = &self._pred[index]
+    pred.len += rows * width
+    _prefault(pred)
+    if self._top_k == 0 and self._pred_k == 0:
+        self._pred_k = width
     return 0
 
 

@@ -14,10 +14,15 @@ claims to make. A CI run that deliberately goes without a module lists it in
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import pathlib
+import shutil
+import sys
+import tempfile
 from types import ModuleType
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import pytest
 
@@ -107,7 +112,7 @@ def make(tmp_path: Any) -> Callable[..., Any]:
 
     yield factory
     for recorder in made:
-        recorder._mark_closed()
+        recorder.discard()
 
 
 @pytest.fixture
@@ -117,3 +122,44 @@ def cores() -> tuple[Any, Any]:
     if core is None:
         pytest.skip("the compiled core is not built")
     return recorder_class(core), recorder_class(_recorder_py.RecorderCore)
+
+
+@contextlib.contextmanager
+def unprivileged() -> Iterator[None]:
+    """Root passes every permission check: act as nobody for the block (nothing to do for other users)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+@pytest.fixture
+def read_only_dir() -> Iterator[pathlib.Path]:
+    """A directory nobody may create files in, reachable by everyone (pytest's tmp_path is root-only)."""
+    parent = pathlib.Path(tempfile.mkdtemp(prefix="turbospark-ro-"))
+    parent.chmod(0o755)
+    directory = parent / "ro"
+    directory.mkdir(mode=0o555)
+    directory.chmod(0o555)
+    yield directory
+    directory.chmod(0o755)
+    shutil.rmtree(parent)
+
+
+@pytest.fixture
+def interleave() -> Iterator[None]:
+    """Switch threads as often as CPython allows, for the length of the test."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(previous)
+
+
+@pytest.fixture(params=["compiled", "python", "default"])
+def cls(request: pytest.FixtureRequest, cores: tuple[Any, Any]) -> Any:
+    """Each RouterHistogram class in turn: on the compiled core, on the pure-Python core, the package's choice."""
+    return {"compiled": cores[0], "python": cores[1], "default": turbospark.RouterHistogram}[request.param]

@@ -64,7 +64,7 @@ def _ours(env: dict[str, Any], layers: int, experts: int, top_k: int, ops: list[
     methods = {"r": hist.record, "p": hist.record_prediction, "l": hist.record_router_logits}
     for name, layer, payload in ops:
         methods[name](layer, payload)
-    hist._mark_closed()
+    hist.discard()
     return str(hist.to_json())
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import pytest
 
 from childproc import run_script
+from conftest import unprivileged
 from turbospark import RouterHistogram
 from capture_helpers import DOC, fill, leftovers
 
@@ -188,21 +189,18 @@ def test_a_directory_removed_under_the_recorder(make: Callable[..., Any], tmp_pa
     assert list(tmp_path.iterdir()) == []  # not re-created
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes to read-only directories")
-def test_a_read_only_directory(make: Callable[..., Any], tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    target = locked / "capture.json"
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
+def test_a_read_only_directory(read_only_dir: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
+    target = read_only_dir / "capture.json"
+    read_only_dir.chmod(0o755)  # writable while the earlier file and the recorder are made
     target.write_bytes(EARLIER)
-    hist = fill(make(2, 3, trace=True, name="locked/capture.json"))
-    locked.chmod(0o500)
-    try:
+    hist = fill(RouterHistogram(str(target), 2, 3, trace=True))
+    read_only_dir.chmod(0o555)
+    with unprivileged():  # root would write anyway: close as nobody
         hist.close()
-    finally:
-        locked.chmod(0o700)
     assert capfd.readouterr().err == f"[router-hist] FAILED writing {target}: Permission denied (os error 13)\n"
     assert target.read_bytes() == EARLIER
-    assert sorted(p.name for p in locked.iterdir()) == ["capture.json"]
+    assert sorted(p.name for p in read_only_dir.iterdir()) == ["capture.json"]
 
 
 # --- how a write succeeds ------------------------------------------------------------
@@ -240,7 +238,7 @@ def test_every_write_is_a_complete_synced_temporary_file_renamed_into_place(
     hist = fill(RouterHistogram(str(path), 2, 3, trace=True))
     if how == "write":
         hist.write()
-        hist._mark_closed()
+        hist.discard()
     elif how == "drop":
         del hist
         gc.collect()

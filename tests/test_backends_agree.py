@@ -79,5 +79,5 @@ def test_random_captures_serialize_identically(cores: Any, tmp_path: Any, captur
                     ours.dtype == theirs.dtype and np.array_equal(ours, theirs) and ours.shape == theirs.shape
                 )
     finally:
-        compiled._mark_closed()
-        python._mark_closed()
+        compiled.discard()
+        python.discard()

@@ -560,7 +560,7 @@ def test_a_two_dimensional_logit_row_is_named_by_its_shape(make: Callable[..., A
 @pytest.mark.parametrize("method", ALL_METHODS)
 @pytest.mark.parametrize("arguments", ["good", "bad"])
 def test_a_closed_recorder_refuses_every_call_first(hist: Any, method: str, arguments: str) -> None:
-    hist._mark_closed()
+    hist.discard()
     args = (0, GOOD[method]) if arguments == "good" else ("bad layer", "bad ids")
     error = rejected(hist, ValueError, "closed", lambda: getattr(hist, method)(*args))
     assert str(error) == "the recorder is closed; it records nothing more"
@@ -588,3 +588,17 @@ def test_a_selection_that_shrinks_while_read_records_nothing(make: Callable[...,
     selected: list[Any] = [0, 1, 2]
     selected[0] = Shrinking(selected, 0)
     rejected(hist, RuntimeError, "changed size", lambda: hist.record(0, selected))
+
+
+def test_logits_are_not_looked_at_when_no_row_was_requested(make: Callable[..., Any]) -> None:
+    # As the reference's: free when no row was requested, whatever it is given.
+    hist = make(2, E, trace=True)
+    for layer, logits in ((0, [0.0] * E), (7, None), ("x", "abc"), (0, np.zeros((2, 2)))):
+        assert hist.record_router_logits(layer, logits) is None
+    assert hist.to_json() == '{"num_layers":2,"num_experts":4,"top_k":0,"counts":[[0,0,0,0],[0,0,0,0]],"trace":[[],[]]}'
+
+
+def test_a_float16_logit_row_is_captured(make: Callable[..., Any]) -> None:
+    hist = make(1, E, router_logits=(0, 0))
+    hist.record_router_logits(0, np.array([1.5, -2, 0.099975586, 65504], dtype=np.float16))
+    assert hist.to_json().endswith('"router_logits":{"layer":0,"pass":0,"values":[1.5,-2,0.099975586,65504]}}')

@@ -45,7 +45,7 @@ def test_the_constructor_warns_about_a_pilot_without_a_trace(tmp_path: pathlib.P
     # Still a working recorder: a warning, not a refusal.
     hist.record_prediction(1, [2, 1])
     assert hist.to_json() == '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[0,0,0],[0,0,0]],"pred":[[],[2,1]]}'
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_from_env_warns_about_a_pilot_without_a_trace(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +60,7 @@ def test_from_env_warns_about_a_pilot_without_a_trace(tmp_path: pathlib.Path, mo
         )
     ]
     assert hist.pilot_enabled()
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_useful_configurations_are_quiet(make: Callable[..., Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +71,7 @@ def test_useful_configurations_are_quiet(make: Callable[..., Any], tmp_path: pat
     monkeypatch.setenv(TRACE, "")
     hist, record = caught(lambda: RouterHistogram.from_env(1, 3, 3))
     assert record == []
-    hist._mark_closed()
+    hist.discard()
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_from_env_warns_about_top_k_above_num_experts_and_records_like_the_refer
     ]
     hist.record(0, [1, 1, 0])  # the reference counts whatever it is given
     assert hist.to_json() == '{"num_layers":1,"num_experts":2,"top_k":3,"counts":[[1,2]]}'
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_top_k_equal_to_num_experts_is_fine(make: Callable[..., Any]) -> None:

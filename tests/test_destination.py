@@ -12,43 +12,16 @@ import errno
 import os
 import pathlib
 import stat
-import tempfile
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 import turbospark.recorder
+from conftest import unprivileged
 from turbospark import RouterHistogram
 
 HIST = "TURBOSPARK_ROUTER_HIST"
-
-
-@contextlib.contextmanager
-def unprivileged() -> Iterator[None]:
-    """Root passes every permission check: act as nobody for the block (nothing to do for other users)."""
-    if os.geteuid() != 0:
-        yield
-        return
-    os.seteuid(65534)
-    try:
-        yield
-    finally:
-        os.seteuid(0)
-
-
-@pytest.fixture
-def read_only_dir() -> Iterator[pathlib.Path]:
-    """A directory nobody may create files in, reachable by everyone (pytest's tmp_path is root-only)."""
-    parent = pathlib.Path(tempfile.mkdtemp(prefix="turbospark-ro-"))
-    parent.chmod(0o755)
-    directory = parent / "ro"
-    directory.mkdir(mode=0o555)
-    directory.chmod(0o555)
-    yield directory
-    directory.chmod(0o755)
-    directory.rmdir()
-    parent.rmdir()
 
 
 def live_count() -> int:
@@ -76,7 +49,7 @@ def test_the_constructor_rejects_a_destination_it_could_never_write(
         RouterHistogram(path, 2, 4, 2, trace=True)
     assert (info.value.errno, info.value.filename) == (code, path)
     reason = why.format(dir=os.path.dirname(path))
-    assert str(info.value) == f"[Errno {code}] cannot write the capture: {reason}: {path!r}"
+    assert str(info.value) == f"[Errno {code}] {reason}: {path!r}"
     assert sorted(tmp_path.iterdir()) == before
     assert live_count() == live  # nothing registered to be written at exit
 
@@ -86,7 +59,7 @@ def test_the_constructor_rejects_a_directory_it_may_not_write_in(read_only_dir: 
     with unprivileged(), pytest.raises(PermissionError) as info:
         RouterHistogram(path, 1, 2)
     assert str(info.value) == (
-        f"[Errno 13] cannot write the capture: no permission to create files in {str(read_only_dir)!r}: {path!r}"
+        f"[Errno 13] no permission to create files in {str(read_only_dir)!r}: {path!r}"
     )
     assert list(read_only_dir.iterdir()) == []
 
@@ -115,8 +88,8 @@ def test_from_env_warns_once_and_still_records(
     assert [(w.category, str(w.message)) for w in caught] == [
         (
             RuntimeWarning,
-            f"{HIST}={path!r}: cannot write the capture: the directory {os.path.dirname(path)!r} does not exist; "
-            "recording anyway, but the capture will be lost unless that is fixed before it is written",
+            f"{HIST}={path!r}: cannot write the capture there: the directory {os.path.dirname(path)!r} does not "
+            "exist; recording anyway, but it will be lost unless that is fixed before it is written",
         )
     ]
     assert caught[0].filename == __file__  # attributed to the caller's line
@@ -142,7 +115,7 @@ def test_write_names_the_destination_not_its_temporary_file(tmp_path: pathlib.Pa
         assert info.value.filename == target
         assert info.value.filename2 is None
         assert ".tmp" not in str(info.value)
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_a_failing_replace_names_the_destination(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,5 +130,5 @@ def test_a_failing_replace_names_the_destination(tmp_path: pathlib.Path, monkeyp
         hist.write()
     assert str(info.value) == f"[Errno {errno.EXDEV}] Invalid cross-device link: {target!r}"
     assert [p.name for p in tmp_path.iterdir()] == []
-    hist._mark_closed()
+    hist.discard()
     assert stat.S_ISDIR(tmp_path.stat().st_mode)

@@ -51,7 +51,7 @@ def from_env(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
     yield factory
     for recorder in made:
-        recorder._mark_closed()
+        recorder.discard()
 
 
 # --- when recording is off -------------------------------------------------
@@ -392,7 +392,7 @@ def test_the_warning_points_at_the_caller_of_from_env(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hist = RouterHistogram.from_env(2, 3)
-    hist._mark_closed()
+    hist.discard()
     assert [w.filename for w in caught] == [__file__]
 
 
@@ -427,7 +427,7 @@ def test_constructor_accepts_str_pathlike_and_bytes(tmp_path: pathlib.Path, kind
     hist = RouterHistogram(kind(str(target)), 1, 2)
     assert hist.path == str(target)
     assert isinstance(hist.path, str)
-    hist._mark_closed()
+    hist.discard()
 
 
 @pytest.mark.parametrize(
@@ -484,7 +484,7 @@ def test_numpy_integers_are_accepted_as_sizes(tmp_path: pathlib.Path) -> None:
     hist = RouterHistogram(str(tmp_path / "c.json"), np.int64(2), np.uint32(3), np.int8(1))
     assert (hist.num_layers, hist.num_experts, hist.top_k) == (2, 3, 1)
     assert hist.to_json() == '{"num_layers":2,"num_experts":3,"top_k":1,"counts":[[0,0,0],[0,0,0]]}'
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_the_largest_expert_count_is_accepted(from_env: Callable[..., Any]) -> None:
@@ -493,6 +493,7 @@ def test_the_largest_expert_count_is_accepted(from_env: Callable[..., Any]) -> N
     with pytest.warns(RuntimeWarning, match="num_layers is 0"):
         hist = from_env(0, 2**32)
     assert hist.num_experts == 2**32
+    hist.discard()
 
 
 @pytest.mark.parametrize("pilot", ["Self", "SELF", "", "prev", 1, True, b"self"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import random
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -130,23 +129,10 @@ def test_row_writes_non_finite_as_null():
 
 
 def test_row_accepts_numpy_float32():
-    np = pytest.importorskip("numpy")
+    import numpy as np
     row = np.array([0.1, -19.87654321, np.nan, 4194302.25], dtype=np.float32)
     assert format_f32_row(row) == "[0.1,-19.876543,null,4194302.3]"
     assert format_f32_row(row.tolist()) == "[0.1,-19.876543,null,4194302.3]"
-
-
-def test_row_of_128_is_fast():
-    rng = random.Random(7)
-    row = [f32(rng.uniform(-20.0, 20.0)) for _ in range(128)]
-    format_f32_row(row)
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        format_f32_row(row)
-        best = min(best, time.perf_counter() - start)
-    # Typically ~1 ms; generous bound for slow CI machines.
-    assert best < 0.05
 
 
 def test_fresh_random_sample_against_rustc(reference_tools):

@@ -426,7 +426,7 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
         release.set()
         writer.join()
         print(f"PARENT child status={os.waitstatus_to_exitcode(status)} written={open(path).read()}", file=sys.stderr, flush=True)
-        hist._mark_closed()
+        hist.discard()
         """
         ),
         str(path),

@@ -63,7 +63,7 @@ def test_create_record_close_cycles_leave_memory_flat(capfd: pytest.CaptureFixtu
         if i % 2:
             hist.close()  # the full write path, to /dev/null
         else:
-            hist._mark_closed()
+            hist.discard()
             assert len(hist.to_json()) > 15_000
 
     added = growth(cycle, warmup=300, cycles=3000)
@@ -97,7 +97,7 @@ def test_big_buffers_are_freed(cores: tuple[Any, Any], which: str) -> None:
             pass
         if i % 10 == 0:
             assert len(hist.to_json()) > 800_000
-        hist._mark_closed()
+        hist.discard()
         if i % 25 == 0:
             refs.append(weakref.ref(hist))
 

@@ -479,17 +479,35 @@ def test_counts_and_passes(make: Callable[..., Any]) -> None:
     hist.record(2, [0, 1])
     hist.record(2, [1, 1])
     counts = hist.counts
-    assert counts.dtype == np.uint64 and counts.shape == (3, 4)
+    assert counts.dtype == np.int64 and counts.shape == (3, 4)
     assert counts.tolist() == [[0, 0, 0, 2], [0, 0, 0, 0], [1, 3, 0, 0]]
     passes = hist.passes
-    assert passes.dtype == np.uint64 and passes.shape == (3,)
+    assert passes.dtype == np.int64 and passes.shape == (3,)
     assert passes.tolist() == [1, 0, 2]
-    # Copies: mutating them leaves the recorder alone.
-    counts[:] = 99
+    # Counts are a read-only snapshot, shared until the next record (no
+    # copy per access) and never changed by it; passes are a copy.
+    with pytest.raises(ValueError, match="read-only"):
+        counts[:] = 99
+    assert hist.counts is counts
     passes[:] = 99
-    assert hist.counts.tolist() == [[0, 0, 0, 2], [0, 0, 0, 0], [1, 3, 0, 0]]
     assert hist.passes.tolist() == [1, 0, 2]
-    assert '"counts":[[0,0,0,2],[0,0,0,0],[1,3,0,0]]' in hist.to_json()
+    hist.record(0, [1, 1])
+    assert counts.tolist() == [[0, 0, 0, 2], [0, 0, 0, 0], [1, 3, 0, 0]]
+    assert hist.counts.tolist() == [[0, 2, 0, 2], [0, 0, 0, 0], [1, 3, 0, 0]]
+    assert hist.counts is not counts
+    hist.record_many(1, np.array([[2, 0]]))
+    assert hist.counts.tolist() == [[0, 2, 0, 2], [1, 0, 1, 0], [1, 3, 0, 0]]
+    assert '"counts":[[0,2,0,2],[1,0,1,0],[1,3,0,0]]' in hist.to_json()
+
+
+def test_counts_subtract_exactly_from_a_loaded_capture(make: Callable[..., Any], tmp_path: Any) -> None:
+    hist = make(2, 4, name="c.json")
+    hist.record(0, [3, 1])
+    hist.write()
+    hist.record(1, [2, 2])
+    difference = hist.counts - turbospark.load(tmp_path / "c.json").counts
+    assert difference.dtype == np.int64
+    assert difference.tolist() == [[0, 0, 0, 0], [0, 0, 2, 0]]
 
 
 def test_trace_and_predictions(make: Callable[..., Any]) -> None:

@@ -25,13 +25,13 @@ def test_placeholders(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     hist = turbospark.RouterHistogram(str(tmp_path / "cap-{rank}-{pid}.json"), 1, 4, 2)
-    hist._mark_closed()
+    hist.discard()
     assert hist.path == str(tmp_path / f"cap-3-{os.getpid()}.json")
 
 
 def test_rank_defaults_to_zero(tmp_path: Any) -> None:
     hist = turbospark.RouterHistogram(str(tmp_path / "r{rank}.json"), 1, 4, 2)
-    hist._mark_closed()
+    hist.discard()
     assert hist.path == str(tmp_path / "r0.json")
 
 
@@ -40,7 +40,7 @@ def test_from_env_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "5")
     hist = turbospark.RouterHistogram.from_env(1, 4, 2)
     assert hist is not None
-    hist._mark_closed()
+    hist.discard()
     assert hist.path == str(tmp_path / "env-5.json")
 
 
@@ -58,7 +58,7 @@ def test_other_ranks_write_beside_the_path_and_warn_once(tmp_path: Any, monkeypa
         warnings.simplefilter("error")
         second = turbospark.RouterHistogram(path, 1, 4, 2)
     for hist in (first, second):
-        hist._mark_closed()
+        hist.discard()
         assert hist.path == str(tmp_path / "capture.rank2.json")
 
 
@@ -66,7 +66,7 @@ def test_rank_zero_keeps_the_path_silently(tmp_path: Any, monkeypatch: pytest.Mo
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     hist = turbospark.RouterHistogram(str(tmp_path / "capture.json"), 1, 4, 2)
-    hist._mark_closed()
+    hist.discard()
     assert hist.path == str(tmp_path / "capture.json")
 
 
@@ -83,7 +83,7 @@ def test_unparsable_rank_warns_and_reads_zero(tmp_path: Any, monkeypatch: pytest
     monkeypatch.setenv("RANK", "two")
     with pytest.warns(RuntimeWarning, match="ignoring RANK='two': not a non-negative integer"):
         hist = turbospark.RouterHistogram(str(tmp_path / "r{rank}.json"), 1, 4, 2)
-    hist._mark_closed()
+    hist.discard()
     assert hist.path == str(tmp_path / "r0.json")
 
 
@@ -114,7 +114,7 @@ def test_torch_distributed_rank_wins(tmp_path: Any, monkeypatch: pytest.MonkeyPa
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         hist = turbospark.RouterHistogram(str(tmp_path / "r{rank}.json"), 1, 4, 2)
-        hist._mark_closed()
+        hist.discard()
         assert hist.path == str(tmp_path / "r0.json")
         assert _paths.rank_and_world() == (0, 1)
     finally:

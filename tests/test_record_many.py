@@ -208,8 +208,8 @@ def test_record_many_equals_consecutive_records(case: dict[str, Any]) -> None:
         if "trace" in case["options"]:
             assert block.trace(layer).tolist() == rows.trace(layer).tolist()
     finally:
-        rows._mark_closed()
-        block._mark_closed()
+        rows.discard()
+        block.discard()
 
 
 @settings(max_examples=100, deadline=None)
@@ -233,7 +233,7 @@ def test_a_block_with_a_bad_id_records_nothing(case: dict[str, Any], spot: int, 
         )
         assert hist.to_json() == before
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 @pytest.mark.parametrize("trace", [True, False])

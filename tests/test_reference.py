@@ -116,7 +116,7 @@ def test_no_layers_reports_zero_experts_like_the_reference(tmp_path: Any, monkey
     with pytest.warns(RuntimeWarning, match="num_layers is 0"):
         hist = RouterHistogram.from_env(0, 8)
     assert hist.to_json() == '{"num_layers":0,"num_experts":0,"top_k":0,"counts":[]}'
-    hist._mark_closed()
+    hist.discard()
 
 
 def test_an_untouched_layer_stays_an_all_zero_row(make: Callable[..., Any]) -> None:

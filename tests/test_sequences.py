@@ -95,7 +95,7 @@ def test_bad_layer_and_closed(make: Any) -> None:
     hist = make(2, 4, 2)
     with pytest.raises(IndexError, match="layer 2 is out of range"):
         hist.record_batch(2, [[0, 1]], seq=[0], phase="decode")
-    hist._mark_closed()
+    hist.discard()
     with pytest.raises(ValueError, match="closed"):
         hist.record_batch(0, [[0, 1]], seq=[0], phase="decode")
 

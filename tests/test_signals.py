@@ -505,7 +505,7 @@ def test_a_keyboard_interrupt_anywhere_in_a_call_records_all_or_nothing(name: st
     before = state(complete)
     points = _interrupted_at(10**9, lambda: CALLS[name](complete))
     after = state(complete)
-    complete._mark_closed()
+    complete.discard()
     assert after != before
     for point in range(1, points + 1):
         hist = fresh()
@@ -513,7 +513,7 @@ def test_a_keyboard_interrupt_anywhere_in_a_call_records_all_or_nothing(name: st
         assert state(hist) in (before, after), f"torn by an interrupt at instant {point} of {points}"
         # Still usable: the next pass is recorded whole.
         hist.record(1, [0, 0])
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[..., Any]) -> None:

@@ -10,16 +10,14 @@ threads interleave inside calls as much as CPython allows.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
-import turbospark
 
 THREADS = 6
 PASSES = 800  # per thread
@@ -27,18 +25,7 @@ K = 3
 EXPERTS = 64
 
 
-@pytest.fixture(autouse=True)
-def _interleave() -> Iterator[None]:
-    """Switch threads as often as CPython allows, for the length of the test."""
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(previous)
-
-
-@pytest.fixture(params=["compiled", "python", "default"])
-def cls(request: pytest.FixtureRequest, cores: tuple[Any, Any]) -> Any:
-    return {"compiled": cores[0], "python": cores[1], "default": turbospark.RouterHistogram}[request.param]
+pytestmark = pytest.mark.usefixtures("interleave")
 
 
 def rows_of(thread: int) -> list[list[int]]:
@@ -133,7 +120,7 @@ def test_threads_lose_nothing(cls: Any, tmp_path: Any, how: str, layers: str) ->
         run_threads(lambda t: record_rows(hist, layer_of(t), rows_of(t), how, t))
         check_capture(hist, {(layer_of(t), t): rows_of(t) for t in range(THREADS)})
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_threads_lose_no_prediction(cls: Any, tmp_path: Any) -> None:
@@ -154,7 +141,7 @@ def test_threads_lose_no_prediction(cls: Any, tmp_path: Any) -> None:
         assert hist.predictions(0).shape == (0, K)
         check_capture(hist, {(t % 2, t): rows_of(t) for t in range(THREADS)})
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_threads_racing_to_set_top_k_agree_on_one(cls: Any, tmp_path: Any) -> None:
@@ -193,7 +180,7 @@ def test_threads_racing_to_set_top_k_agree_on_one(cls: Any, tmp_path: Any) -> No
         assert hist.counts[0].tolist() == np.bincount(trace.ravel(), minlength=EXPERTS).tolist()
         assert hist.predictions(0).shape[1] == width
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 def test_snapshots_taken_while_threads_record_are_consistent(cls: Any, tmp_path: Any) -> None:
@@ -218,7 +205,7 @@ def test_snapshots_taken_while_threads_record_are_consistent(cls: Any, tmp_path:
                 assert doc["counts"][layer] == np.bincount(np.array(trace, dtype=np.int64), minlength=EXPERTS).tolist()
         assert snapshots[-1] == hist.to_json()
     finally:
-        hist._mark_closed()
+        hist.discard()
 
 
 class _Parked:
@@ -357,8 +344,8 @@ def test_a_call_that_returns_is_in_the_capture_close_writes(cls: Any, tmp_path: 
             assert written == before_ref.to_json()
         assert capfd.readouterr().err == f"[router-hist] wrote {path}\n"
     finally:
-        before_ref._mark_closed()
-        after_ref._mark_closed()
+        before_ref.discard()
+        after_ref.discard()
 
 
 def test_closing_while_threads_record(cls: Any, tmp_path: Any, capfd: Any) -> None:

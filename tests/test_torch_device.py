@@ -339,7 +339,7 @@ def test_construction_errors(make: Any) -> None:
     with pytest.raises(ValueError, match="sequence ids need per-pass data"):
         DeviceRecorder(make(1, 4, 2), device="cpu").record(0, torch.zeros((1, 2), dtype=torch.int64), seq=0, phase="decode")
     closed = make(1, 4, 2)
-    closed._mark_closed()
+    closed.discard()
     with pytest.raises(ValueError, match="closed"):
         DeviceRecorder(closed, device="cpu")
 

@@ -5,13 +5,33 @@ the ordered trace, a one-layer-ahead pilot prediction and one raw logit row)
 and writes the reference runtime's JSON. ``load`` reads such a capture back
 and ``analyze`` answers what it was recorded for. ``BACKEND`` says which core
 records: ``"cython"`` (compiled) or ``"python"`` (the pure-Python twin).
+
+The recorder core is imported on first use of ``RouterHistogram`` or
+``BACKEND``, not by ``import turbospark``: loading and analysing a capture
+never needs it (nor warns when only the slow fallback is available).
 """
 
-from ._backend import BACKEND
+from typing import TYPE_CHECKING, Any
+
 from .analysis import analyze
 from .capture import Capture, load, loads
-from .recorder import RouterHistogram
+
+if TYPE_CHECKING:
+    from ._backend import BACKEND
+    from .recorder import RouterHistogram
 
 __version__ = "0.1.0"
 
 __all__ = ["BACKEND", "Capture", "RouterHistogram", "__version__", "analyze", "load", "loads"]
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: resolved once, then cached as a module attribute.
+    if name == "RouterHistogram":
+        from .recorder import RouterHistogram as value
+    elif name == "BACKEND":
+        from ._backend import BACKEND as value
+    else:
+        raise AttributeError(f"module 'turbospark' has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -9,24 +9,54 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
-if os.environ.get("TURBOSPARK_PUREPYTHON"):
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _fallback_message(error: ImportError) -> str:
+    """Why the compiled core is missing and what to do, for the fallback warning."""
+    checkout = os.path.dirname(_PACKAGE_DIR)
+    slower = "the pure-Python core records 50-110x slower"
+    if os.path.isfile(os.path.join(checkout, "csrc", "_recorder.pyx")):
+        # The usual cause: a script or `python -m pytest` run from the repository root.
+        return (
+            f"turbospark is imported from its source checkout ({_PACKAGE_DIR}), which has no "
+            f"compiled core ({error}), so {slower}. Fix: build it in place with "
+            f"`pip install -e .` in {checkout}, or run from outside the checkout to use the "
+            "installed package. TURBOSPARK_PUREPYTHON=1 selects the pure-Python core without this warning."
+        )
+    return (
+        f"turbospark's compiled core could not be imported ({error}), so {slower}. Fix: reinstall "
+        "turbospark from its source with a C compiler available (`pip install .` in a checkout; "
+        "the build log says what failed). TURBOSPARK_PUREPYTHON=1 selects the pure-Python core "
+        "without this warning."
+    )
+
+
+if TYPE_CHECKING:
+    # Type checkers see the compiled core's stub (_recorder.pyi): the precise
+    # interface both cores implement (_types.RecorderCoreAPI).
+    from ._recorder import RecorderCore
+    from ._types import RecorderCoreAPI
+
+    BACKEND: str
+
+    def _conforms(core: RecorderCore) -> RecorderCoreAPI:
+        """Fails type checking when the compiled core's stub drifts from the interface."""
+        return core
+elif os.environ.get("TURBOSPARK_PUREPYTHON"):
     from ._recorder_py import RecorderCore
 
     BACKEND = "python"
 else:
     try:
-        from ._recorder import RecorderCore  # type: ignore[no-redef]
+        from ._recorder import RecorderCore
 
         BACKEND = "cython"
     except ImportError as exc:
-        warnings.warn(
-            f"turbospark's compiled core could not be imported ({exc}); "
-            "falling back to the pure-Python backend, which is several times slower",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        from ._recorder_py import RecorderCore  # type: ignore[assignment]
+        warnings.warn(_fallback_message(exc), RuntimeWarning, stacklevel=2)
+        from ._recorder_py import RecorderCore
 
         BACKEND = "python"
 

@@ -14,8 +14,8 @@ import stat
 
 def _error(code: int, path: str, why: str) -> OSError:
     # OSError(errno, ...) builds the matching subclass (FileNotFoundError, ...).
-    # str() of the error reads "[Errno 2] cannot write the capture: <why>: '<path>'".
-    return OSError(code, f"cannot write the capture: {why}", path)
+    # str() of the error reads "[Errno 2] <why>: '<path>'".
+    return OSError(code, why, path)
 
 
 def check_destination(path: str) -> None:

@@ -70,5 +70,21 @@ def logits_type(values: Any) -> TypeError:
     return TypeError(f"router logits must be numbers, got {type(values).__name__} {_show(values)}")
 
 
+def device(what: str, device: Any) -> TypeError:
+    return TypeError(
+        f"{what} are a tensor on device {device}, and the recorder reads host memory: "
+        "record device tensors through turbospark.torch, which stages them without a host sync "
+        "(or pass a CPU copy)"
+    )
+
+
+def mask_type(mask: Any) -> TypeError:
+    return TypeError(f"mask must be a 1-D boolean array or CPU bool tensor, got {type(mask).__name__} {_show(mask)}")
+
+
+def mask_shape(shape: tuple[int, ...], rows: int) -> ValueError:
+    return ValueError(f"mask must be 1-D with one entry per row ({rows}), got shape {shape}")
+
+
 def closed() -> ValueError:
     return ValueError("the recorder is closed; it records nothing more")

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import threading
 from array import array
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, SupportsIndex
 
 import numpy as np
 
 from . import _convert, _counts, _errors
+from ._types import LogitRow, RowMask, SelectedBlock, SelectedIds
 
 
-def _selection(selected: Any, expected: int, num_experts: int) -> array:
+def _selection(selected: Any, expected: int, num_experts: int) -> array[int]:
     """Validate one pass's ids; return them as a uint32 array, or raise."""
     if isinstance(selected, (list, tuple)):
         items = selected
@@ -81,18 +82,22 @@ class RecorderCore:
     ) -> None:
         if hasattr(self, "_state"):
             raise RuntimeError("a recorder core is initialised once")
+        num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
+            num_layers, num_experts, top_k, pilot, logits_layer, logits_pass
+        )
         self._num_layers = num_layers
         self._num_experts = num_experts
         layers = (_Layer((0,) * num_experts, 0, 0, 0),) * num_layers if num_layers else ()
         self._state = _State(top_k, 0, layers)
-        self._trace = [array("I") for _ in range(num_layers)] if trace else None
+        self._trace = [array("I") for _ in range(num_layers)] if bool(trace) else None
         self._pred = [array("I") for _ in range(num_layers)] if pilot is not None else None
         self._self_test = pilot == "self"
         self._logits_layer = logits_layer
         self._logits_pass = logits_pass
-        self._logits: Optional[array] = None
+        self._logits: Optional[array[float]] = None
         self._closed = False
         self._lock = threading.RLock()
+        self._counts_cache: Optional[tuple[tuple[_Layer, ...], np.ndarray]] = None
 
     def _after_fork_in_child(self) -> None:
         # A lock another thread held at fork() time stays held in the child.
@@ -144,7 +149,7 @@ class RecorderCore:
         layers = state.layers
         self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :])
 
-    def _add_selection(self, state: _State, index: int, ids: array, rows: int, counts: tuple[int, ...]) -> None:
+    def _add_selection(self, state: _State, index: int, ids: array[int], rows: int, counts: tuple[int, ...]) -> None:
         """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``) and commit."""
         layer = state.layers[index]
         trace_len = layer.trace_len
@@ -154,7 +159,7 @@ class RecorderCore:
         top_k = state.top_k or len(ids) // rows
         self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows), top_k, state.pred_k)
 
-    def record(self, layer: Any, selected: Any) -> None:
+    def record(self, layer: SupportsIndex, selected: SelectedIds) -> None:
         with self._lock:
             index, state = self._begin(layer)
             ids = _selection(selected, state.top_k or state.pred_k, self._num_experts)
@@ -164,38 +169,55 @@ class RecorderCore:
                 counts[expert] += 1
             self._add_selection(state, index, ids, 1, tuple(counts))
 
-    def record_many(self, layer: Any, selected: Any) -> None:
+    def _block(self, layer: Any, selected: Any, mask: Any) -> tuple[int, _State, np.ndarray]:
+        """Validate a block call: (layer index, state, the selected rows' ids as a private uint32 copy)."""
+        index, state = self._begin(layer)
+        if not (isinstance(selected, (np.ndarray, list, tuple)) or _convert.is_array_like(selected)):
+            raise _errors.selection_type(selected)
+        arr = _convert.as_array(selected, _convert.TWO_D)
+        _convert.check_length(arr.shape[1], state.top_k or state.pred_k)
+        return index, state, _convert.block_ids(arr, self._num_experts, mask)
+
+    def record_many(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> None:
         with self._lock:
-            index, state = self._begin(layer)
-            if not (
-                isinstance(selected, (np.ndarray, list, tuple)) or _convert.is_array_like(selected)
-            ):
-                raise _errors.selection_type(selected)
-            arr = _convert.as_array(selected, _convert.TWO_D)
-            rows, width = arr.shape
-            _convert.check_length(width, state.top_k or state.pred_k)
-            ids = _convert.array_ids(arr, self._num_experts)
+            index, state, ids = self._block(layer, selected, mask)
+            rows = ids.shape[0]
             if rows == 0:
                 return
             added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
             counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
             self._add_selection(state, index, array("I", ids.tobytes()), rows, counts)
 
-    def record_prediction(self, layer: Any, predicted: Any) -> None:
+    def record_prediction(self, layer: SupportsIndex, predicted: SelectedIds) -> None:
         with self._lock:
             index, state = self._begin(layer)
             expected = state.top_k or state.pred_k
             ids = _selection(predicted, expected, self._num_experts)
-            state = self._recheck(len(ids))
-            expected = state.top_k or state.pred_k
-            if self._pred is None:
-                return
-            current = state.layers[index]
-            _append(self._pred[index], current.pred_len, ids)
-            pred_k = len(ids) if expected == 0 else state.pred_k
-            self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
+            self._add_predictions(index, ids)
 
-    def record_router_logits(self, layer: Any, logits: Any) -> None:
+    def record_prediction_many(
+        self, layer: SupportsIndex, predicted: SelectedBlock, mask: Optional[RowMask] = None
+    ) -> None:
+        with self._lock:
+            index, _, ids = self._block(layer, predicted, mask)
+            if ids.shape[0]:
+                self._add_predictions(index, array("I", ids.tobytes()), ids.shape[1])
+
+    def _add_predictions(self, index: int, ids: array[int], width: int = 0) -> None:
+        """Append validated predictions (rows of ``width`` ids; one row when 0) and commit."""
+        width = width or len(ids)
+        state = self._recheck(width)
+        expected = state.top_k or state.pred_k
+        if self._pred is None:
+            return
+        current = state.layers[index]
+        _append(self._pred[index], current.pred_len, ids)
+        pred_k = width if expected == 0 else state.pred_k
+        self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
+
+    def record_router_logits(self, layer: SupportsIndex, logits: LogitRow) -> None:
+        if self._logits_layer < 0:
+            return  # no row requested: free, as the reference's call is
         with self._lock:
             index, state = self._begin(layer)
             got = _convert.logits_length(logits)
@@ -216,33 +238,42 @@ class RecorderCore:
             self._closed = True
             return was_open
 
-    def counts_array(self) -> np.ndarray:
-        rows = [layer.counts for layer in self._state.layers]
-        return np.array(rows, dtype=np.uint64).reshape(self._num_layers, self._num_experts)
+    def _counts_snapshot(self) -> np.ndarray:
+        """The counts as a read-only int64 array, rebuilt only when the state changed since the last one."""
+        layers = self._state.layers
+        cached = self._counts_cache
+        if cached is not None and cached[0] is layers:
+            return cached[1]
+        counts = np.array([layer.counts for layer in layers], dtype=np.int64).reshape(
+            self._num_layers, self._num_experts
+        )
+        counts.setflags(write=False)
+        self._counts_cache = (layers, counts)
+        return counts
 
-    def passes_array(self) -> np.ndarray:
-        return np.array([layer.passes for layer in self._state.layers], dtype=np.uint64)
+    def _passes_array(self) -> np.ndarray:
+        return np.array([layer.passes for layer in self._state.layers], dtype=np.int64)
 
-    def trace_array(self, layer: Any) -> Optional[np.ndarray]:
+    def _trace_array(self, layer: Any) -> Optional[np.ndarray]:
         index = _convert.check_layer(layer, self._num_layers)
         state = self._state
         if self._trace is None:
             return None
         return _rows(self._trace[index][: state.layers[index].trace_len], state.top_k)
 
-    def predictions_array(self, layer: Any) -> Optional[np.ndarray]:
+    def _predictions_array(self, layer: Any) -> Optional[np.ndarray]:
         index = _convert.check_layer(layer, self._num_layers)
         state = self._state
         if self._pred is None:
             return None
         return _rows(self._pred[index][: state.layers[index].pred_len], state.top_k or state.pred_k)
 
-    def logits_capture(self) -> Optional[tuple[int, int, Optional[array]]]:
+    def _logits_capture(self) -> Optional[tuple[int, int, Optional[array[float]]]]:
         if self._logits_layer < 0:
             return None
         return (self._logits_layer, self._logits_pass, self._logits)
 
-    def json_document(self, tail: bytes) -> bytes:
+    def _json_document(self, tail: bytes) -> bytes:
         """The JSON document up to ``router_logits``, followed by ``tail``."""
         state = self._state  # one consistent snapshot, whatever runs meanwhile
         num_experts = self._num_experts if self._num_layers else 0
@@ -281,7 +312,8 @@ class RecorderCore:
             top = state.top_k or (top_k if int(more.sum()) else 0)
             self._state = _State(top, state.pred_k, layers)
 
-def _append(flat: array, committed: int, ids: array) -> None:
+
+def _append(flat: array[int], committed: int, ids: array[int]) -> None:
     """Put ``ids`` after the ``committed`` ids of ``flat``, dropping an uncommitted tail first."""
     del flat[committed:]
     flat.extend(ids)
@@ -291,6 +323,14 @@ def _json_rows(rows: Any) -> str:
     return ",".join("[" + ",".join(map(str, row)) + "]" for row in rows)
 
 
-def _rows(flat: array, width: int) -> np.ndarray:
+def _rows(flat: array[int], width: int) -> np.ndarray:
     data = np.frombuffer(flat, dtype=np.uint32).copy() if len(flat) else np.zeros(0, dtype=np.uint32)
     return data.reshape(-1, width) if width else data.reshape(0, 0)
+
+
+if TYPE_CHECKING:
+    from ._types import RecorderCoreAPI
+
+    def _conforms(core: RecorderCore) -> RecorderCoreAPI:
+        """Fails type checking when this core drifts from the interface the facade relies on."""
+        return core

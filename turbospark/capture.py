@@ -221,6 +221,8 @@ _RUST_INF = re.compile(rb"([\[,]" + _WS + rb"-?)inf(?=" + _WS + rb"[,\]])")
 
 def _json_fields(raw: bytes) -> dict[str, Any]:
     """All top-level fields via json.loads; raises ValueError when not JSON."""
+    if not raw.strip(_WHITESPACE):
+        raise ValueError("not valid JSON: the capture is empty (was it written?)")
     try:
         obj = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
@@ -232,6 +234,13 @@ def _json_fields(raw: bytes) -> dict[str, Any]:
         except ValueError:
             obj = None
         if obj is None:
+            end = len(raw.rstrip(_WHITESPACE))
+            # The text stopped before the document did (a string left open runs to the end).
+            if isinstance(exc, json.JSONDecodeError) and (exc.pos >= end or exc.msg.startswith("Unterminated string")):
+                raise ValueError(
+                    f"not valid JSON: the capture is truncated: it stops at byte {end}, before the "
+                    "document is complete (was it cut short, or still being written?)"
+                ) from None
             raise ValueError(f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"a capture is a JSON object, got {type(obj).__name__}")

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any, Sequence, TextIO
 
+from . import __version__
 from .analysis import DEFAULT_WINDOWS, analyze, self_test
 from .capture import Capture, load
 from .report import format_report
@@ -27,7 +28,8 @@ EXIT_OK, EXIT_CHECK_FAILED, EXIT_UNUSABLE = 0, 1, 2
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
 
-    Raises ``SystemExit`` (status 2) only for malformed arguments, as argparse does.
+    Raises ``SystemExit`` for malformed arguments (status 2), ``--help`` and
+    ``--version`` (status 0), as argparse does.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -49,10 +51,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="turbospark",
         description="Analyse Mixture-of-Experts router captures written by RouterHistogram.",
     )
+    parser.add_argument("--version", action="version", version=f"turbospark {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     analyze_cmd = commands.add_parser(
         "analyze",
+        aliases=["analyse"],
         help="per-layer concentration, window-distinct experts, reuse, pilot recall, LRU hit rate",
         description="Analyse a capture; prints a per-layer table and a summary, or JSON.",
     )
@@ -269,6 +273,11 @@ def _run_plot(args: argparse.Namespace) -> int:
     if capture is None:
         return EXIT_UNUSABLE
     output = args.output or _png_beside(args.capture)
+    # matplotlib picks the format from the suffix and, without one, silently
+    # appends ".png": add it here, so the message names the file written.
+    added = not os.path.splitext(output)[1]
+    if added:
+        output += ".png"
     try:
         plot_capture(capture, output, title=os.path.basename(args.capture), max_window=args.max_window)
     except MissingMatplotlib as exc:
@@ -277,7 +286,10 @@ def _run_plot(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    print(f"wrote {output}")
+    except ValueError as exc:  # an image format matplotlib does not know
+        print(f"turbospark: cannot write {output}: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(f"wrote {output}" + (f" ({args.output!r} has no extension: PNG)" if added else ""))
     return EXIT_OK
 
 
@@ -287,11 +299,13 @@ def _png_beside(path: str) -> str:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ._progress import progress_on
+    from .demo import NEXT_STEPS, CaptureNotWritten, run_demo
 
     if args.top_k > args.experts:
         print(f"turbospark: --top-k {args.top_k} exceeds --experts {args.experts}", file=sys.stderr)
         return EXIT_UNUSABLE
+    progress = progress_on(sys.stderr, args.passes, "demo: simulating and recording passes")
     try:
         capture = run_demo(
             args.out,
@@ -301,8 +315,17 @@ def _run_demo(args: argparse.Namespace) -> int:
             passes=args.passes,
             seed=args.seed,
             pilot=args.pilot,
+            progress=progress,
         )
+    except CaptureNotWritten:
+        return EXIT_UNUSABLE  # the recorder has said why, once
     except OSError as exc:
         print(f"turbospark: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    return _report(capture, args, self_testing=args.pilot == "self")
+    finally:
+        if progress is not None:
+            progress.finish()
+    status = _report(capture, args, self_testing=args.pilot == "self")
+    # With --json, stdout carries the document alone.
+    print("\n" + NEXT_STEPS, file=sys.stderr if args.json else sys.stdout)
+    return status

@@ -9,12 +9,24 @@ layer also predicts the layer ``pilot_offset()`` ahead and files it with
 from __future__ import annotations
 
 import os
-from typing import Any
+import stat
+from typing import Any, Callable, Optional
 
-from .capture import Capture, load
+from .capture import Capture, loads
 from .simulate import RouterSimulator
 
-__all__ = ["DEFAULTS", "run_demo"]
+__all__ = ["DEFAULTS", "NEXT_STEPS", "CaptureNotWritten", "run_demo"]
+
+NEXT_STEPS = (
+    "note: the routing above is simulated (turbospark/simulate.py), not recorded from a model.\n"
+    "next: record your own model (README: 'Recording in a decode loop', or run it with\n"
+    "      TURBOSPARK_ROUTER_HIST=capture.json), then `turbospark analyze capture.json`\n"
+    "      and `turbospark plot capture.json`."
+)
+
+
+class CaptureNotWritten(OSError):
+    """The recorder could not write the demo's capture; it has already said why on stderr."""
 
 # Small enough to finish in a couple of seconds on the pure-Python recorder,
 # large enough for the windows, reuse and recall to be meaningful. 128
@@ -38,20 +50,24 @@ def run_demo(
     passes: int = DEFAULTS["passes"],
     seed: int = DEFAULTS["seed"],
     pilot: str = "next",
+    progress: Optional[Callable[[int], None]] = None,
 ) -> Capture:
     """Simulate ``passes`` decode passes, record them (trace on, probe in
     ``pilot`` mode: "next" or "self") into ``out``, and return the loaded capture.
 
-    The recorder announces the write on stderr. Raises ``ValueError`` for an
-    impossible shape (top_k > experts, a size < 1) and ``OSError`` when
-    ``out`` cannot be written.
+    ``progress``, if given, is called with the number of passes done after
+    each one. The recorder announces the write on stderr. Raises
+    ``ValueError`` for an impossible shape (top_k > experts, a size < 1), the
+    recorder's ``OSError`` when ``out`` cannot be written (before simulating
+    anything), and ``CaptureNotWritten`` when the final write failed (the
+    recorder has reported it).
     """
     from . import RouterHistogram  # the recorder is the package's core; load it only when used
 
     simulator = RouterSimulator(layers, experts, top_k, seed=seed)
     with RouterHistogram(out, layers, experts, top_k, trace=True, pilot=pilot) as recorder:
         offset = recorder.pilot_offset()
-        for step in simulator.passes(passes):
+        for done, step in enumerate(simulator.passes(passes), 1):
             selected = step.selected.tolist()  # lists: the recorder's cheapest input
             predicted = step.predicted.tolist()
             for layer in range(layers):
@@ -62,4 +78,21 @@ def run_demo(
                     # "self" reruns this layer's own router: the prediction is its selection.
                     guess = predicted[target] if offset else selected[layer]
                     recorder.record_prediction(target, guess)
-    return load(out)
+            if progress is not None:
+                progress(done)
+        document = recorder.to_json()
+    # Leaving the block wrote the file (close() reports failures, never raises).
+    if not _holds(out, document.encode("ascii")):
+        raise CaptureNotWritten(f"the capture was not written to {out}")
+    return loads(document)
+
+
+def _holds(path: str | os.PathLike[str], data: bytes) -> bool:
+    """Whether ``path`` now holds ``data`` (a device or FIFO cannot be read back: trusted)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return True
+        with open(path, "rb") as handle:
+            return handle.read() == data
+    except OSError:
+        return False

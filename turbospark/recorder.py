@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import atexit
 import functools
-import operator
 import os
 import sys
 import threading
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _convert, _env, _errors, _paths, _sequences, _sigterm
+from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._destination import check_destination
@@ -29,6 +30,7 @@ from ._f32display import format_f32_row
 from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
+_Self = TypeVar("_Self", bound="_Facade")
 
 # Every open recorder, so that interpreter exit can write the ones still open,
 # and the closed ones whose write was interrupted, so that exit retries them.
@@ -39,25 +41,6 @@ _interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _writing: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # Re-entrant: a garbage collection inside the lock may run __del__ -> close().
 _live_lock = threading.RLock()
-
-_PILOTS = (None, "next", "self")
-# Layers and top_k index C arrays: keep them far from any platform's limits.
-_MAX_SIZE = 2**31 - 1
-
-
-def _whole(name: str, value: Any, minimum: int, maximum: Optional[int] = None) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if number < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {number}")
-    if maximum is not None and number > maximum:
-        raise ValueError(f"{name} must be at most {maximum}, got {number}")
-    return number
-
 
 def _path_text(path: Any) -> str:
     try:
@@ -130,7 +113,11 @@ class _Facade:
         *,
         from_env: bool,
     ) -> None:
-        """Check the configuration and start recording; ``from_env`` turns a bad destination into a warning."""
+        """Check the configuration and start recording.
+
+        With ``from_env`` (the lenient path), a bad destination, zero layers
+        and ``top_k > num_experts`` are warnings instead of errors.
+        """
         text = _path_text(path)
         layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
         experts = _whole("num_experts", num_experts, 1, 2**32)
@@ -155,7 +142,7 @@ class _Facade:
             if not from_env:
                 raise
             # An environment setting must never stop a runtime: say it now, record anyway.
-            warn_caller(f"{_env.HIST}={text!r}: {exc.strerror}; recording anyway, but the capture "
+            warn_caller(f"{_env.HIST}={text!r}: cannot write the capture there: {exc.strerror}; recording anyway, but it "
                         "will be lost unless that is fixed before it is written")
         # Read (and warn about) the setting before this recorder exists, so a
         # warning turned into an error leaves nothing behind to write.
@@ -210,22 +197,27 @@ class _Facade:
         return self._path
 
     @property
-    def counts(self) -> np.ndarray:
-        """A copy of the counts: (num_layers, num_experts) uint64."""
-        return self.counts_array()  # type: ignore[attr-defined, no-any-return]
+    def counts(self) -> "npt.NDArray[np.int64]":
+        """The counts so far: a read-only (num_layers, num_experts) int64 snapshot.
+
+        int64, as a loaded ``Capture``'s counts, so the two subtract exactly.
+        Reading it again without recording in between returns the same array
+        (no copy); a later record never changes a snapshot already taken.
+        """
+        return self._counts_snapshot()  # type: ignore[attr-defined, no-any-return]
 
     @property
     def passes(self) -> np.ndarray:
-        """A copy of the routed-pass count of each layer: (num_layers,) uint64."""
-        return self.passes_array()  # type: ignore[attr-defined, no-any-return]
+        """A copy of the routed-pass count of each layer: (num_layers,) int64."""
+        return self._passes_array()  # type: ignore[attr-defined, no-any-return]
 
     def trace(self, layer: int) -> Optional[np.ndarray]:
         """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off."""
-        return self.trace_array(layer)  # type: ignore[attr-defined, no-any-return]
+        return self._trace_array(layer)  # type: ignore[attr-defined, no-any-return]
 
     def predictions(self, layer: int) -> Optional[np.ndarray]:
         """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
-        return self.predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
+        return self._predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
 
     def record_batch(self, layer: int, ids_2d: Any, *, seq: Any, phase: str, mask: Any = None) -> None:
         """Record a block of passes that belong to different sequences, in one phase.
@@ -257,12 +249,12 @@ class _Facade:
             if self._columns is None:
                 self._columns = _sequences.SequenceColumns(self.num_layers)  # type: ignore[attr-defined]
             # The kept rows are the layer's newest passes.
-            passes = int(self.passes_array()[index])  # type: ignore[attr-defined]
+            passes = int(self._passes_array()[index])  # type: ignore[attr-defined]
             self._columns.extend(index, passes - block.shape[0], seq_ids, code)
 
     def _document(self) -> bytes:
         self._drain()
-        capture = self.logits_capture()  # type: ignore[attr-defined]
+        capture = self._logits_capture()  # type: ignore[attr-defined]
         if capture is None:
             tail = b""
         else:
@@ -271,13 +263,13 @@ class _Facade:
             tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
         with self._batch_lock:
             if self._columns is None:
-                return self.json_document(tail + b"}")  # type: ignore[attr-defined, no-any-return]
+                return self._json_document(tail + b"}")  # type: ignore[attr-defined, no-any-return]
             # The columns must match the passes of the core's snapshot: passes
             # only grow, so equal counts before and after pin that snapshot.
             while True:
-                before = self.passes_array()  # type: ignore[attr-defined]
-                head = self.json_document(tail)  # type: ignore[attr-defined]
-                if np.array_equal(before, self.passes_array()):  # type: ignore[attr-defined]
+                before = self._passes_array()  # type: ignore[attr-defined]
+                head = self._json_document(tail)  # type: ignore[attr-defined]
+                if np.array_equal(before, self._passes_array()):  # type: ignore[attr-defined]
                     return head + self._columns.json_tail(before.tolist()) + b"}"  # type: ignore[no-any-return]
 
     def _add_drain(self, drain: Any) -> None:
@@ -322,6 +314,16 @@ class _Facade:
         except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
             _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
 
+    def discard(self) -> None:
+        """Stop recording without writing anything; idempotent, never raises.
+
+        Later records raise ``ValueError`` as after ``close()``; ``to_json()``
+        and ``write(path)`` still give what was recorded.
+        """
+        self._mark_closed()  # type: ignore[attr-defined]
+        with _live_lock:
+            _live.discard(self)
+
     def _write_and_report(self) -> None:
         if not self.closed:  # type: ignore[attr-defined]
             self._drain_and_report()
@@ -347,7 +349,7 @@ class _Facade:
         self._batch_lock = threading.RLock()
         super()._after_fork_in_child()  # type: ignore[misc]
 
-    def __enter__(self) -> "_Facade":
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -373,7 +375,7 @@ def _report(line: str) -> None:
         pass
 
 
-class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
+class RouterHistogram(_Facade, RecorderCore):
     """Per-layer router top-k histogram, with optional trace, pilot probe and logit row.
 
     ``RouterHistogram(path, num_layers, num_experts, top_k=0, *, trace=False,
@@ -387,10 +389,14 @@ class RouterHistogram(_Facade, RecorderCore):  # type: ignore[misc, valid-type]
     when the destination cannot be written, and warns (RuntimeWarning) about a
     pilot with the trace off, whose predictions could never be scored.
 
-    Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d)``,
-    ``record_prediction(layer, ids)``, ``record_router_logits(layer, row)``.
-    A rejected call raises (IndexError for the layer, TypeError for non-integer
-    input, ValueError for bad ids, lengths or shapes) and records nothing.
+    Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d, mask=None)``,
+    ``record_prediction(layer, ids)``, ``record_prediction_many(layer, ids_2d,
+    mask=None)``, ``record_router_logits(layer, row)``; ids may be sequences of
+    ints, integer ndarrays or CPU torch tensors. A rejected call raises
+    (IndexError for the layer, TypeError for non-integer input or a tensor on
+    another device, ValueError for bad ids, lengths, shapes or masks) and
+    records nothing. ``close()`` writes the capture; ``discard()`` stops
+    without writing.
     """
 
 
