@@ -25,7 +25,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from turbospark.transformers._capture import capture, is_capturing
-from turbospark.transformers._routers import find_routing
+from turbospark.transformers._families import Family, families
+from turbospark.transformers._routers import Routing, RouterSite, find_routing
 from turbospark.transformers._verify import Verification, verify
 
-__all__ = ["Verification", "capture", "find_routing", "is_capturing", "verify"]
+__all__ = ["Family", "RouterSite", "Routing", "Verification", "capture", "families", "find_routing", "is_capturing", "verify"]

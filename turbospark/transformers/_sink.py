@@ -47,8 +47,10 @@ class Sink:
         # (one call costs ~20 us whatever its size, several times a decode
         # step's model work per layer on a small model). The recorder drains
         # them before every write, so its file is always complete.
-        self._pending: list[list[tuple[np.ndarray, np.ndarray, str]]] = [[] for _ in range(recorder.num_layers)]
+        self._pending: list[list[tuple[list, list, str]]] = [[] for _ in range(recorder.num_layers)]
         self._pending_rows = 0
+        self._seq_tensor: Optional[torch.Tensor] = None
+        self._seq_list: list = []
         if uses_device_path(device):
             from turbospark.torch import DeviceRecorder
 
@@ -87,15 +89,18 @@ class Sink:
             return
         ids = _host(ids)
         if self.tags_sequences and seq is not None:
-            # Private copies now: the model may reuse its tensors before the flush.
+            # Private copies now (the model may reuse its tensors before the
+            # flush), as lists: tolist() is the cheapest read of a fresh tensor.
             if mask is None:
-                rows, seqs = ids.numpy().copy(), seq.numpy()
+                rows = ids.tolist()
+                if seq is not self._seq_tensor:
+                    self._seq_tensor, self._seq_list = seq, seq.tolist()
+                seqs = self._seq_list
             else:
-                keep = mask.numpy()
-                rows, seqs = ids.numpy()[keep], seq.numpy()[keep]
-            if rows.shape[0]:
+                rows, seqs = ids[mask].tolist(), seq[mask].tolist()
+            if rows:
                 self._pending[layer].append((rows, seqs, phase))
-                self._pending_rows += rows.shape[0]
+                self._pending_rows += len(rows)
                 if self._pending_rows >= FLUSH_ROWS:
                     self.flush()
             return
@@ -114,8 +119,8 @@ class Sink:
             for end in range(1, len(entries) + 1):
                 if end == len(entries) or entries[end][2] != entries[start][2]:
                     run = entries[start:end]
-                    ids = np.concatenate([entry[0] for entry in run])
-                    seq = np.concatenate([entry[1] for entry in run])
+                    ids = np.array([row for entry in run for row in entry[0]], dtype=np.int64)
+                    seq = np.array([item for entry in run for item in entry[1]], dtype=np.int64)
                     self.recorder.record_batch(layer, ids, seq=seq, phase=run[0][2])
                     start = end
         self._pending_rows = 0
