@@ -95,6 +95,8 @@ def _source(name: str, arr: np.ndarray) -> Any:
 def test_an_id_flipped_by_another_thread(cls: Any, tmp_path: Any, name: str, dtype: Any) -> None:
     experts = 70_000 if name.endswith("sparse") else EXPERTS
     arr, flip, message, rows = _setup(name, dtype, experts)
+    # Before the recorder exists: a skip here (no torch) must not leave it to be written at exit.
+    source = _source(name, arr)
     hist = cls(str(tmp_path / "c.json"), 1, experts, 4, trace=True, pilot="self")
     stop = threading.Event()
     recorded = refused = 0
@@ -107,7 +109,6 @@ def test_an_id_flipped_by_another_thread(cls: Any, tmp_path: Any, name: str, dty
             flip(bad)
             time.sleep(0)  # lets the recorder in, with either state
 
-    source = _source(name, arr)
     thread = threading.Thread(target=flipper)
     thread.start()
     try:
@@ -151,9 +152,10 @@ def test_a_recheck_that_finds_the_array_fixed(cls: Any, tmp_path: Any, monkeypat
         return original(values, num_experts)
 
     monkeypatch.setattr(_convert, "array_ids", fixed_before_read)
+    # Before the recorder exists: a skip here (no torch) must not leave it to be written at exit.
+    source = _source(name, arr)
     hist = cls(str(tmp_path / "c.json"), 1, experts, 4, trace=True, pilot="self")
     recorded = 0
-    source = _source(name, arr)
     try:
         for _ in range(3):
             flip(True)
