@@ -1,6 +1,6 @@
 """Compiled recorder core: the hot paths of ``turbospark.RouterHistogram``.
 
-Behaviour is defined by ``turbospark/_recorder_py.py``; this module must
+Behaviour is defined by ``turbospark/recording/_recorder_py.py``; this module must
 match it call for call (same results, same exceptions, same messages). Ids
 are validated into a local buffer first and committed only when the whole
 call is valid, and the commit runs no Python code, so a call is atomic under
@@ -18,7 +18,7 @@ cimport numpy as cnp
 
 import numpy as np
 
-from turbospark import _convert, _counts, _errors
+from turbospark.recording import _convert, _counts, _errors
 
 cnp.import_array()
 ts_init_small_ints()

@@ -29,8 +29,8 @@ import pytest
 import reference_harness
 
 import turbospark
-from turbospark import _recorder_py
-from turbospark.recorder import recorder_class
+from turbospark.recording import _recorder_py
+from turbospark.recording.recorder import recorder_class
 
 EXPECTED_BACKEND = "python" if os.environ.get("TURBOSPARK_PUREPYTHON") else "cython"
 
@@ -81,7 +81,7 @@ def reference_tools(tmp_path_factory: pytest.TempPathFactory) -> reference_harne
 def compiled_core() -> Any:
     """The compiled core class, or None when the extension is not built."""
     try:
-        from turbospark import _recorder
+        from turbospark.recording import _recorder
     except ImportError:
         return None
     return _recorder.RecorderCore

@@ -28,7 +28,7 @@ from turbospark.analysis import (
     uniform_window_distinct,
     window_distinct,
 )
-from turbospark.capture import loads
+from turbospark.analysis.capture import loads
 
 
 def _naive_module() -> Any:
@@ -217,7 +217,7 @@ def test_bitsets_span_several_words() -> None:
 
 
 def test_popcount_fallback_for_numpy_before_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    from turbospark import analysis
+    from turbospark.analysis import metrics as analysis
 
     bits = pass_bitsets(ids([[0, 63], [64, 129], [5, 5]]), 130)
     expected = analysis._popcount(bits).tolist()
@@ -316,7 +316,7 @@ def test_lru_matches_an_ordered_dict_cache(trace: list[list[int]], slots: int) -
 
 
 def test_simulated_capture_matches_oracle(tmp_path: Path) -> None:
-    from turbospark.simulate import RouterSimulator
+    from turbospark.cli.simulate import RouterSimulator
 
     selected, predicted = RouterSimulator(4, 96, 6, seed=11).run(300)
     doc = {

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark import sequences
+from turbospark.analysis import sequences
 from turbospark.analysis import analyze
-from turbospark.report import format_report
+from turbospark.analysis.report import format_report
 
 LAYERS, EXPERTS, K, B = 3, 24, 3, 4
 WINDOWS, CACHES = [1, 2, 3, 5], [2, 6]
