@@ -9,7 +9,7 @@ simulated by ``turbospark.cli.simulate`` and written through ``RouterHistogram``
 
 The subject is the whole command, ``main(["analyze", CAPTURE, "--json"])``
 with stdout discarded, so loading and JSON output are included. The
-comparison, ``naive_analysis.py``, does ``json.load`` and one Python set per
+comparison, ``tests/naive_analysis.py``, does ``json.load`` and one Python set per
 pass. Both are checked to agree first; then they are timed interleaved
 (A, B, A, B, ...) and the minimum of the repeats is kept: the run least
 disturbed by the rest of the machine. The issue's target is a ratio >= 3.
@@ -28,7 +28,8 @@ import tempfile
 import time
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The comparison is the tests' oracle (tests/naive_analysis.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from naive_analysis import naive_analyze_file  # noqa: E402
 
 from turbospark.analysis import analyze  # noqa: E402

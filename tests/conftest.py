@@ -2,7 +2,9 @@
 
 The suite runs once per backend (``TURBOSPARK_PUREPYTHON=1`` selects the
 pure-Python one); ``RouterHistogram`` is whichever the package chose. Tests
-that compare the two cores in one process use ``cores``.
+that compare the two cores in one process use ``cores`` (or ``cls``, built on
+it): they are marked ``both_backends`` and run on the default pass only, since
+the ``TURBOSPARK_PUREPYTHON`` pass would repeat them exactly.
 
 Optional dependencies: a test that needs something the machine may lack
 (torch, transformers, matplotlib, rustc, the Rust reference) calls
@@ -113,6 +115,16 @@ def make(tmp_path: Any) -> Callable[..., Any]:
     yield factory
     for recorder in made:
         recorder.discard()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that use both cores in one process; skip them on the pure-Python pass."""
+    repeat = bool(os.environ.get("TURBOSPARK_PUREPYTHON"))
+    for item in items:
+        if "cores" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.both_backends)
+        if repeat and item.get_closest_marker("both_backends"):
+            item.add_marker(pytest.mark.skip(reason="both_backends: the default pass ran it on both cores"))
 
 
 @pytest.fixture

@@ -3,10 +3,8 @@ plain-Python evaluation of the same definitions on random ones."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import naive_analysis as naive
 
 from turbospark.analysis import (
     analyze,
@@ -29,17 +29,6 @@ from turbospark.analysis import (
     window_distinct,
 )
 from turbospark.analysis.capture import loads
-
-
-def _naive_module() -> Any:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "naive_analysis.py"
-    spec = importlib.util.spec_from_file_location("naive_analysis", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-naive = _naive_module()
 
 
 def cap(doc: dict[str, Any]) -> Any:
@@ -298,18 +287,7 @@ def test_matches_plain_python_definitions(doc: dict[str, Any], windows: list[int
     slots=st.integers(1, 10),
 )
 def test_lru_matches_an_ordered_dict_cache(trace: list[list[int]], slots: int) -> None:
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = lookups = 0
-    for row in trace:
-        for expert in dict.fromkeys(row):
-            lookups += 1
-            if expert in cache:
-                hits += 1
-                cache.move_to_end(expert)
-            else:
-                cache[expert] = None
-                if len(cache) > slots:
-                    cache.popitem(last=False)
+    hits, lookups = naive.lru_counts(trace, slots)
     expected = hits / lookups if lookups else None
     array = np.array(trace, dtype=np.int64).reshape(len(trace), 3)
     assert lru_hit_rates(array, 10, [slots]) == {slots: expected}
