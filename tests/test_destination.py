@@ -25,7 +25,7 @@ HIST = "TURBOSPARK_ROUTER_HIST"
 
 
 def live_count() -> int:
-    return len(turbospark.recording.recorder._live)
+    return len(turbospark.recording._lifecycle._live)
 
 
 @pytest.mark.parametrize(

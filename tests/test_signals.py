@@ -563,7 +563,8 @@ def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[...
 
 
 def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathlib.Path) -> None:
-    # A bug this test caught, now fixed: turbospark/recording/recorder.py, _close_all. A
+    # A bug this test caught, now fixed: turbospark/recording/recorder.py, _close_all
+    # (now _lifecycle.close_all). A
     # KeyboardInterrupt while the exit-time write of one capture is under way
     # (a second Ctrl-C while a long trace is written) escapes the atexit
     # handler: Python prints "Exception ignored in atexit callback" with a

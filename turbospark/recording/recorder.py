@@ -10,18 +10,15 @@ file lifecycle (atomic writes, close, write-on-drop, write-at-exit).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import sys
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _convert, _env, _errors, _paths, _sequences, _sigterm
+from . import _convert, _env, _errors, _lifecycle, _paths, _sequences, _sigterm
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
@@ -31,16 +28,6 @@ from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
 _Self = TypeVar("_Self", bound="_Facade")
-
-# Every open recorder, so that interpreter exit can write the ones still open,
-# and the closed ones whose write was interrupted, so that exit retries them.
-_live: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Recorders whose write is in progress: a SIGTERM handler that ends the
-# process from inside one of those writes must redo it first.
-_writing: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Re-entrant: a garbage collection inside the lock may run __del__ -> close().
-_live_lock = threading.RLock()
 
 def _path_text(path: Any) -> str:
     try:
@@ -164,10 +151,10 @@ class _Facade(_CoreBase):
         self._batch_lock = threading.RLock()
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
-        with _live_lock:
-            _live.add(self)
+        with _lifecycle._live_lock:
+            _lifecycle._live.add(self)
         if handle_sigterm:
-            _sigterm.install(_close_all, _write_all)
+            _sigterm.install(_lifecycle.close_all, _lifecycle.write_all)
 
     @classmethod
     def from_env(cls: type[_Self], num_layers: int, num_experts: int, top_k: int = 0) -> Optional[_Self]:
@@ -321,8 +308,8 @@ class _Facade(_CoreBase):
             self._drain_and_report()
         if not self._mark_closed():
             return
-        with _live_lock:
-            _live.discard(self)
+        with _lifecycle._live_lock:
+            _lifecycle._live.discard(self)
         if os.getpid() != self._owner_pid:
             return
         self._write_and_report()
@@ -332,7 +319,7 @@ class _Facade(_CoreBase):
         try:
             self._drain()
         except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
-            _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
+            _lifecycle.report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
 
     def discard(self) -> None:
         """Stop recording without writing anything; idempotent, never raises.
@@ -341,29 +328,29 @@ class _Facade(_CoreBase):
         and ``write(path)`` still give what was recorded.
         """
         self._mark_closed()
-        with _live_lock:
-            _live.discard(self)
+        with _lifecycle._live_lock:
+            _lifecycle._live.discard(self)
 
     def _write_and_report(self) -> None:
         if not self.closed:
             self._drain_and_report()
-        with _live_lock:
-            _writing.add(self)
+        with _lifecycle._live_lock:
+            _lifecycle._writing.add(self)
         try:
             self.write()
         except Exception as exc:  # noqa: BLE001 -- close() must never raise
-            _report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
+            _lifecycle.report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
         except BaseException:
             # Interrupted mid-write (Ctrl-C): nothing new is on disk, so the
             # exit handler tries again rather than losing the capture.
-            with _live_lock:
-                _interrupted.add(self)
+            with _lifecycle._live_lock:
+                _lifecycle._interrupted.add(self)
             raise
         else:
-            _report(f"[router-hist] wrote {self._path}")
+            _lifecycle.report(f"[router-hist] wrote {self._path}")
         finally:
-            with _live_lock:
-                _writing.discard(self)
+            with _lifecycle._live_lock:
+                _lifecycle._writing.discard(self)
 
     def _after_fork_in_child(self) -> None:
         self._batch_lock = threading.RLock()
@@ -386,13 +373,6 @@ class _Facade(_CoreBase):
             f"<RouterHistogram path={self._path!r} layers={self.num_layers} experts={self.num_experts} "
             f"top_k={self.top_k} trace={self.trace_enabled} pilot={pilot!r} closed={self.closed}>"
         )
-
-
-def _report(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except Exception:  # noqa: BLE001 -- stderr may be gone at interpreter exit
-        pass
 
 
 class RouterHistogram(_Facade, RecorderCore):
@@ -426,50 +406,6 @@ def recorder_class(core: type) -> type:
     if core is RecorderCore:
         return RouterHistogram
     return type("RouterHistogram", (_Facade, core), {"__doc__": RouterHistogram.__doc__, "__module__": __name__})
-
-
-@atexit.register
-def _close_all() -> None:
-    """Write every recorder still open at interpreter exit, as the reference writes on drop."""
-    with _live_lock:
-        recorders = list(_live)
-        retries = list(_interrupted) + [recorder for recorder in _writing if recorder not in _interrupted]
-        _interrupted.clear()
-    for recorder in retries:
-        if os.getpid() == recorder._owner_pid:
-            recorder._write_and_report()
-    interrupted = []
-    for recorder in recorders:
-        try:
-            recorder.close()
-        except BaseException:  # noqa: BLE001 -- one interrupted write must not cost the others
-            interrupted.append(recorder)
-    for recorder in interrupted:
-        try:
-            recorder._write_and_report()
-        except BaseException:  # noqa: BLE001
-            _report(f"[router-hist] FAILED writing {recorder._path}: interrupted")
-
-
-def _write_all() -> None:
-    """Write every open capture of this process, leaving the recorders open."""
-    with _live_lock:
-        recorders = list(_live)
-    for recorder in recorders:
-        if os.getpid() == recorder._owner_pid:
-            recorder._write_and_report()
-
-
-def _after_fork_in_child() -> None:
-    """Locks another thread held at fork() time stay held in the child: make new ones."""
-    global _live_lock
-    _live_lock = threading.RLock()
-    for recorder in list(_live):
-        recorder._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["BACKEND", "RouterHistogram", "recorder_class"]
