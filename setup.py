@@ -1,4 +1,4 @@
-"""Builds the compiled core ``turbospark._recorder`` from ``csrc/``; metadata lives in pyproject.toml."""
+"""Builds the compiled core ``turbospark.recording._recorder`` from ``csrc/``; metadata lives in pyproject.toml."""
 
 import numpy
 from Cython.Build import cythonize
@@ -17,7 +17,7 @@ DIRECTIVES = {
 
 extensions = [
     Extension(
-        "turbospark._recorder",
+        "turbospark.recording._recorder",
         ["csrc/_recorder.pyx"],
         include_dirs=[numpy.get_include(), "csrc"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -4,12 +4,12 @@ Run: ``python benchmarks/bench_analyze.py [--passes 4000] [--repeats 5]``.
 
 The capture is the issue's shape: 4,000 decode passes of a 40-layer,
 128-expert, top-8 model with the trace and one-layer-ahead predictions,
-simulated by ``turbospark.simulate`` and written through ``RouterHistogram``
+simulated by ``turbospark.cli.simulate`` and written through ``RouterHistogram``
 (the real recorder, so the file is byte-for-byte what a user analyses).
 
 The subject is the whole command, ``main(["analyze", CAPTURE, "--json"])``
 with stdout discarded, so loading and JSON output are included. The
-comparison, ``naive_analysis.py``, does ``json.load`` and one Python set per
+comparison, ``tests/naive_analysis.py``, does ``json.load`` and one Python set per
 pass. Both are checked to agree first; then they are timed interleaved
 (A, B, A, B, ...) and the minimum of the repeats is kept: the run least
 disturbed by the rest of the machine. The issue's target is a ratio >= 3.
@@ -28,13 +28,14 @@ import tempfile
 import time
 from typing import Any, Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The comparison is the tests' oracle (tests/naive_analysis.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from naive_analysis import naive_analyze_file  # noqa: E402
 
 from turbospark.analysis import analyze  # noqa: E402
-from turbospark.capture import load  # noqa: E402
+from turbospark.analysis.capture import load  # noqa: E402
 from turbospark.cli import main  # noqa: E402
-from turbospark.simulate import RouterSimulator  # noqa: E402
+from turbospark.cli.simulate import RouterSimulator  # noqa: E402
 
 LAYERS, EXPERTS, TOP_K = 40, 128, 8
 TARGET = 3.0

@@ -10,7 +10,7 @@ nodes and groups:
 * skewed synthetic counts: 61 layers x 256 experts, Zipf-like popularity
   (exponent 1.0, shuffled per layer) plus Poisson noise, 288 slots on 36
   GPUs, globally and with 8 groups on 4 nodes (DeepSeek-V3's shape);
-* the demo's routing: ``turbospark.simulate`` (16 layers x 128 experts,
+* the demo's routing: ``turbospark.cli.simulate`` (16 layers x 128 experts,
   top-8, 1,000 passes, seed 0, the demo's defaults), 160 slots on 8 GPUs.
 
 Speed, the 61 x 256 x 288 x 36 global problem, minimum of the repeats,
@@ -40,7 +40,7 @@ import published_eplb  # noqa: E402
 
 from turbospark.placement import place  # noqa: E402
 from turbospark.placement.evaluate import gpu_loads, imbalance  # noqa: E402
-from turbospark.simulate import RouterSimulator  # noqa: E402
+from turbospark.cli.simulate import RouterSimulator  # noqa: E402
 
 
 def skewed_counts(layers: int = 61, experts: int = 256, tokens: int = 200_000, seed: int = 0) -> np.ndarray:

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import turbospark  # noqa: E402
 from turbospark import _recorder_py  # noqa: E402
-from turbospark.recorder import recorder_class  # noqa: E402
+from turbospark.recording.recorder import recorder_class  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from build_noop import load_noop_core  # noqa: E402

@@ -2,7 +2,9 @@
 
 The suite runs once per backend (``TURBOSPARK_PUREPYTHON=1`` selects the
 pure-Python one); ``RouterHistogram`` is whichever the package chose. Tests
-that compare the two cores in one process use ``cores``.
+that compare the two cores in one process use ``cores`` (or ``cls``, built on
+it): they are marked ``both_backends`` and run on the default pass only, since
+the ``TURBOSPARK_PUREPYTHON`` pass would repeat them exactly.
 
 Optional dependencies: a test that needs something the machine may lack
 (torch, transformers, matplotlib, rustc, the Rust reference) calls
@@ -29,8 +31,8 @@ import pytest
 import reference_harness
 
 import turbospark
-from turbospark import _recorder_py
-from turbospark.recorder import recorder_class
+from turbospark.recording import _recorder_py
+from turbospark.recording.recorder import recorder_class
 
 EXPECTED_BACKEND = "python" if os.environ.get("TURBOSPARK_PUREPYTHON") else "cython"
 
@@ -81,7 +83,7 @@ def reference_tools(tmp_path_factory: pytest.TempPathFactory) -> reference_harne
 def compiled_core() -> Any:
     """The compiled core class, or None when the extension is not built."""
     try:
-        from turbospark import _recorder
+        from turbospark.recording import _recorder
     except ImportError:
         return None
     return _recorder.RecorderCore
@@ -113,6 +115,16 @@ def make(tmp_path: Any) -> Callable[..., Any]:
     yield factory
     for recorder in made:
         recorder.discard()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests that use both cores in one process; skip them on the pure-Python pass."""
+    repeat = bool(os.environ.get("TURBOSPARK_PUREPYTHON"))
+    for item in items:
+        if "cores" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.both_backends)
+        if repeat and item.get_closest_marker("both_backends"):
+            item.add_marker(pytest.mark.skip(reason="both_backends: the default pass ran it on both cores"))
 
 
 @pytest.fixture

@@ -3,10 +3,8 @@ plain-Python evaluation of the same definitions on random ones."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import naive_analysis as naive
 
 from turbospark.analysis import (
     analyze,
@@ -28,18 +28,7 @@ from turbospark.analysis import (
     uniform_window_distinct,
     window_distinct,
 )
-from turbospark.capture import loads
-
-
-def _naive_module() -> Any:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "naive_analysis.py"
-    spec = importlib.util.spec_from_file_location("naive_analysis", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-naive = _naive_module()
+from turbospark.analysis.capture import loads
 
 
 def cap(doc: dict[str, Any]) -> Any:
@@ -217,7 +206,7 @@ def test_bitsets_span_several_words() -> None:
 
 
 def test_popcount_fallback_for_numpy_before_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    from turbospark import analysis
+    from turbospark.analysis import metrics as analysis
 
     bits = pass_bitsets(ids([[0, 63], [64, 129], [5, 5]]), 130)
     expected = analysis._popcount(bits).tolist()
@@ -298,25 +287,14 @@ def test_matches_plain_python_definitions(doc: dict[str, Any], windows: list[int
     slots=st.integers(1, 10),
 )
 def test_lru_matches_an_ordered_dict_cache(trace: list[list[int]], slots: int) -> None:
-    cache: OrderedDict[int, None] = OrderedDict()
-    hits = lookups = 0
-    for row in trace:
-        for expert in dict.fromkeys(row):
-            lookups += 1
-            if expert in cache:
-                hits += 1
-                cache.move_to_end(expert)
-            else:
-                cache[expert] = None
-                if len(cache) > slots:
-                    cache.popitem(last=False)
+    hits, lookups = naive.lru_counts(trace, slots)
     expected = hits / lookups if lookups else None
     array = np.array(trace, dtype=np.int64).reshape(len(trace), 3)
     assert lru_hit_rates(array, 10, [slots]) == {slots: expected}
 
 
 def test_simulated_capture_matches_oracle(tmp_path: Path) -> None:
-    from turbospark.simulate import RouterSimulator
+    from turbospark.cli.simulate import RouterSimulator
 
     selected, predicted = RouterSimulator(4, 96, 6, seed=11).run(300)
     doc = {

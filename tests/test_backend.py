@@ -12,4 +12,4 @@ def test_the_expected_backend_is_in_use() -> None:
 
 def test_the_recorder_is_built_on_the_chosen_core() -> None:
     core_module = turbospark.RouterHistogram.__mro__[2].__module__
-    assert core_module == ("turbospark._recorder" if EXPECTED_BACKEND == "cython" else "turbospark._recorder_py")
+    assert core_module == ("turbospark.recording._recorder" if EXPECTED_BACKEND == "cython" else "turbospark.recording._recorder_py")

@@ -1,4 +1,4 @@
-"""``turbospark.capture.load``: arrays, shapes, both parse paths, and a ValueError naming each malformation."""
+"""``turbospark.analysis.capture.load``: arrays, shapes, both parse paths, and a ValueError naming each malformation."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turbospark import capture as capture_module
-from turbospark.capture import Capture, load, loads
+from turbospark.analysis import capture as capture_module
+from turbospark.analysis.capture import Capture, load, loads
 
 # The reference's own unit-test outputs (router_hist.rs), byte for byte.
 RUST_COUNTS = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,1,2],[0,2,0]]}'

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from turbospark import capture as capture_module
-from turbospark.capture import loads
+from turbospark.analysis import capture as capture_module
+from turbospark.analysis.capture import loads
 
 # Every byte class the fast path treats specially, plus some it must leave alone.
 PIECES = list(' \t\r\n\x0b\x0c0123456789,[]{}:"-+.eE') + ["", "00", "1 1", "99999999999999999999", ",,", "[]", "] [", "\u00e9"]

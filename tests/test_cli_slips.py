@@ -16,9 +16,9 @@ import pytest
 
 import turbospark
 from conftest import require_module
-from turbospark import _progress, simulate
+from turbospark.cli import _progress, simulate
 from turbospark.cli import main
-from turbospark.demo import NEXT_STEPS
+from turbospark.cli.demo import NEXT_STEPS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CAPTURE = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,1,2],[0,2,0]],"trace":[[2,0,2,1],[1,1]]}'

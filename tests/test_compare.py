@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from turbospark.capture import loads
+from turbospark.analysis.capture import loads
 from turbospark.cli import main
-from turbospark.compare import compare, js_divergence
+from turbospark.analysis.compare import compare, js_divergence
 
 from placement_helpers import traced, write_capture
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-import turbospark.recorder
+import turbospark.recording.recorder
 from turbospark import RouterHistogram
 
 HIST, TRACE, PILOT = "TURBOSPARK_ROUTER_HIST", "TURBOSPARK_ROUTER_TRACE", "TURBOSPARK_PILOT_PROBE"
@@ -84,11 +84,11 @@ def test_useful_configurations_are_quiet(make: Callable[..., Any], tmp_path: pat
 def test_the_constructor_rejects_a_capture_that_cannot_be_useful(
     tmp_path: pathlib.Path, sizes: tuple[int, int, int], message: str
 ) -> None:
-    live = len(turbospark.recorder._live)
+    live = len(turbospark.recording._lifecycle._live)
     with pytest.raises(ValueError) as info:
         RouterHistogram(str(tmp_path / "c.json"), *sizes, trace=True)
     assert str(info.value) == message
-    assert len(turbospark.recorder._live) == live
+    assert len(turbospark.recording._lifecycle._live) == live
     assert list(tmp_path.iterdir()) == []
 
 

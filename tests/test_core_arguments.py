@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from turbospark import _recorder_py
+from turbospark.recording import _recorder_py
 
 from conftest import compiled_core
 

@@ -10,8 +10,8 @@ import pytest
 
 from turbospark.analysis import analyze, self_test
 from turbospark.cli import main
-from turbospark.demo import DEFAULTS, run_demo
-from turbospark.simulate import RouterSimulator
+from turbospark.cli.demo import DEFAULTS, run_demo
+from turbospark.cli.simulate import RouterSimulator
 
 
 def test_simulator_is_deterministic_and_routes_distinct_top_k() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import turbospark.recorder
+import turbospark.recording.recorder
 from conftest import unprivileged
 from turbospark import RouterHistogram
 
@@ -25,7 +25,7 @@ HIST = "TURBOSPARK_ROUTER_HIST"
 
 
 def live_count() -> int:
-    return len(turbospark.recorder._live)
+    return len(turbospark.recording._lifecycle._live)
 
 
 @pytest.mark.parametrize(

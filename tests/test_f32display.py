@@ -1,4 +1,4 @@
-"""turbospark._f32display must print f32 values exactly as Rust's Display does.
+"""turbospark.recording._f32display must print f32 values exactly as Rust's Display does.
 
 The golden file was produced by tools/reference/f32_display.rs (real rustc);
 the last test re-checks a fresh random sample against rustc when it is
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import reference_harness
-from turbospark._f32display import format_f32, format_f32_row
+from turbospark.recording._f32display import format_f32, format_f32_row
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "f32_display_golden.txt"
 

@@ -50,12 +50,12 @@ def test_analyze_from_a_checkout_neither_imports_the_core_nor_warns(tmp_path: pa
         "warnings.simplefilter('error')\n"
         "import turbospark\n"
         "from turbospark.analysis import analyze\n"
-        "from turbospark.report import format_report\n"
-        "import turbospark.cli, turbospark.plot\n"
+        "from turbospark.analysis.report import format_report\n"
+        "import turbospark.cli, turbospark.analysis.plot\n"
         "cap = turbospark.load('capture.json')\n"
         "format_report(cap, turbospark.analyze(cap))\n"
-        "print(sorted(m for m in sys.modules if m in ('turbospark._backend', 'turbospark._recorder', "
-        "'turbospark._recorder_py', 'turbospark.recorder')))\n"
+        "print(sorted(m for m in sys.modules if m in ('turbospark.recording._backend', 'turbospark.recording._recorder', "
+        "'turbospark.recording._recorder_py', 'turbospark.recording.recorder')))\n"
     )
     done = run(root, code)
     assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")
@@ -69,7 +69,7 @@ def test_the_fallback_warning_names_the_checkout_and_the_fix(tmp_path: pathlib.P
     message = done.stderr.split("RuntimeWarning: ", 1)[1].splitlines()[0]
     assert message == (
         f"turbospark is imported from its source checkout ({root / 'turbospark'}), which has no compiled core "
-        "(No module named 'turbospark._recorder'), so the pure-Python core records 50-110x slower. "
+        "(No module named 'turbospark.recording._recorder'), so the pure-Python core records 50-110x slower. "
         f"Fix: build it in place with `pip install -e .` in {root}, or run from outside the checkout to use "
         "the installed package. TURBOSPARK_PUREPYTHON=1 selects the pure-Python core without this warning."
     )
@@ -81,7 +81,7 @@ def test_an_install_without_the_core_says_to_reinstall(tmp_path: pathlib.Path) -
     assert done.returncode == 1
     assert (
         "RuntimeWarning: turbospark's compiled core could not be imported (No module named "
-        "'turbospark._recorder'), so the pure-Python core records 50-110x slower. Fix: reinstall"
+        "'turbospark.recording._recorder'), so the pure-Python core records 50-110x slower. Fix: reinstall"
     ) in done.stderr
 
 

@@ -295,9 +295,9 @@ def busy():
         hist.record(0, [SlowId(), 3])
     else:
         # The module's registry lock, taken by every construction and close.
-        import turbospark.recorder
+        import turbospark.recording.recorder
 
-        with turbospark.recorder._live_lock:
+        with turbospark.recording._lifecycle._live_lock:
             inside.set()
             release.wait()
 
@@ -325,7 +325,7 @@ print(f"PARENT child status={os.waitstatus_to_exitcode(status)}", file=sys.stder
 def test_a_child_forked_while_another_thread_holds_a_lock_does_not_hang(tmp_path: pathlib.Path, what: str) -> None:
     # Regression: the pure-Python core's per-recorder lock and the module's
     # _live_lock were inherited locked, and the child deadlocked in its first
-    # record()/close()/construction or at exit in _close_all (fixed by
+    # record()/close()/construction or at exit in _close_all (now _lifecycle.close_all) (fixed by
     # re-creating them with os.register_at_fork).
     path, child_path = tmp_path / "capture.json", tmp_path / "child.json"
     result = run_script(tmp_path, LOCK_SCRIPT, str(path), str(child_path), what)
@@ -382,7 +382,7 @@ def test_the_child_copy_is_independent_of_the_parent(tmp_path: pathlib.Path) -> 
 
 
 def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: pathlib.Path) -> None:
-    # A bug this test caught, now fixed: turbospark/_atomic.py keeps the temporary
+    # A bug this test caught, now fixed: turbospark/recording/_atomic.py keeps the temporary
     # files of writes in progress in _temporaries, which a forked child
     # inherits; with TURBOSPARK_ROUTER_HIST_SIGTERM=1, the child's SIGTERM
     # handler (pool.terminate() sends one to every worker) calls

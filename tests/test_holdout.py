@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from turbospark.capture import loads
+from turbospark.analysis.capture import loads
 from turbospark.cli import main
-from turbospark.holdout import NO_TRACE, covered, holdout, top_set
+from turbospark.analysis.holdout import NO_TRACE, covered, holdout, top_set
 
 from placement_helpers import traced, write_capture
 

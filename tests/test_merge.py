@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from turbospark.cli import main
-from turbospark.capture import loads
-from turbospark.capture_sequences import sequences
+from turbospark.analysis.capture import loads
+from turbospark.analysis.capture_sequences import sequences
 
 from placement_helpers import traced, write_capture
 

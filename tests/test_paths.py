@@ -11,7 +11,7 @@ from childproc import run_script
 from conftest import require_module
 
 import turbospark
-from turbospark import _paths
+from turbospark.recording import _paths
 
 
 @pytest.fixture(autouse=True)

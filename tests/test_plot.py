@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import require_module
-from turbospark.capture import loads
-from turbospark.simulate import RouterSimulator
+from turbospark.analysis.capture import loads
+from turbospark.cli.simulate import RouterSimulator
 
 SMALL = loads(
     '{"num_layers":3,"num_experts":4,"top_k":2,"counts":[[1,1,1,1],[2,1,1,0],[0,0,0,0]],'
@@ -22,7 +22,7 @@ SMALL = loads(
 @pytest.fixture(scope="module")
 def plot() -> Any:
     require_module("matplotlib")
-    from turbospark import plot as module
+    from turbospark.analysis import plot as module
 
     return module
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark import _convert
+from turbospark.recording import _convert
 
 from conftest import require_module
 

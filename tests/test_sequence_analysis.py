@@ -8,10 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+import naive_analysis
+
 import turbospark
-from turbospark import sequences
+from turbospark.analysis import sequences
 from turbospark.analysis import analyze
-from turbospark.report import format_report
+from turbospark.analysis.report import format_report
 
 LAYERS, EXPERTS, K, B = 3, 24, 3, 4
 WINDOWS, CACHES = [1, 2, 3, 5], [2, 6]
@@ -80,17 +82,9 @@ def _reuse(runs: list[list[set[int]]]) -> float | None:
 
 
 def _lru(runs: list[list[list[int]]], size: int) -> float | None:
-    hits = lookups = 0
-    for run in runs:
-        cache: list[int] = []
-        for ids in run:
-            for expert in dict.fromkeys(ids):
-                lookups += 1
-                if expert in cache:
-                    hits += 1
-                    cache.remove(expert)
-                cache.append(expert)
-                del cache[:-size]
+    # A cold cache for each sequence: counts summed over the runs.
+    counted = [naive_analysis.lru_counts(run, size) for run in runs]
+    hits, lookups = sum(c[0] for c in counted), sum(c[1] for c in counted)
     return hits / lookups if lookups else None
 
 

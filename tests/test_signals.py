@@ -530,7 +530,7 @@ def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[...
     # A handler (or any code an id's __index__ runs) that records into the
     # recorder the interrupted call is recording into: both passes are kept,
     # the handler's first, on both backends.
-    # A bug this test caught, now fixed: turbospark/_recorder_py.py
+    # A bug this test caught, now fixed: turbospark/recording/_recorder_py.py
     # takes its snapshot of the state in _begin and commits on top of it, after
     # running the id's __index__; a pass committed meanwhile by the same thread
     # (the lock is re-entrant) is overwritten: its counts, pass and trace ids
@@ -563,7 +563,8 @@ def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[...
 
 
 def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathlib.Path) -> None:
-    # A bug this test caught, now fixed: turbospark/recorder.py, _close_all. A
+    # A bug this test caught, now fixed: turbospark/recording/recorder.py, _close_all
+    # (now _lifecycle.close_all). A
     # KeyboardInterrupt while the exit-time write of one capture is under way
     # (a second Ctrl-C while a long trace is written) escapes the atexit
     # handler: Python prints "Exception ignored in atexit callback" with a

@@ -298,7 +298,7 @@ def test_a_call_that_returns_is_in_the_capture_close_writes(cls: Any, tmp_path: 
     # while another thread closes the recorder must either be in the file
     # close() wrote or raise "closed"; never return normally and be missing.
     # A bug this test caught, now fixed (compiled core, record() only: the
-    # record-layer-object and record-iterator cases): csrc/_recorder.pyx,
+    # record-layer-object and record-iterator cases): csrc/_record_one.pxi,
     # _record_pass, runs Python code in _layer_index_slowly
     # (_convert.check_layer, for any layer that is not a small exact int,
     # np.int64 included) and in _normalize (iterators, ranges, list

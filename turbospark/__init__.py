@@ -13,12 +13,12 @@ never needs it (nor warns when only the slow fallback is available).
 
 from typing import TYPE_CHECKING, Any
 
-from .analysis import analyze
-from .capture import Capture, load, loads
+from .analysis.metrics import analyze
+from .analysis.capture import Capture, load, loads
 
 if TYPE_CHECKING:
-    from ._backend import BACKEND
-    from .recorder import RouterHistogram
+    from .recording._backend import BACKEND
+    from .recording.recorder import RouterHistogram
 
 __version__ = "0.1.0"
 
@@ -28,9 +28,9 @@ __all__ = ["BACKEND", "Capture", "RouterHistogram", "__version__", "analyze", "l
 def __getattr__(name: str) -> Any:
     # PEP 562: resolved once, then cached as a module attribute.
     if name == "RouterHistogram":
-        from .recorder import RouterHistogram as value
+        from .recording.recorder import RouterHistogram as value
     elif name == "BACKEND":
-        from ._backend import BACKEND as value
+        from .recording._backend import BACKEND as value
     else:
         raise AttributeError(f"module 'turbospark' has no attribute {name!r}")
     globals()[name] = value

@@ -30,8 +30,8 @@ from typing import Any, Iterator, NamedTuple, Optional, Union
 import numpy as np
 import torch
 
-from . import _errors, _sequences
-from ._convert import check_layer
+from .recording import _errors, _sequences
+from .recording._convert import check_layer
 
 __all__ = ["COUNTS_ONLY_CAPACITY", "DEFAULT_CAPACITY", "DeviceRecorder", "GraphRegion", "staging_bytes"]
 

@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..capture_sequences import Sequences
-from ..capture import Capture
+from ..analysis.capture_sequences import Sequences
+from ..analysis.capture import Capture
 from . import Placement, place
 from .evaluate import gpu_loads, imbalance, layer_stats, trivial_map
 from .samples import Split, batch_counts, split, window_sequences

@@ -23,8 +23,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..capture_sequences import Sequences
-from ..capture import Capture
+from ..analysis.capture_sequences import Sequences
+from ..analysis.capture import Capture
 
 __all__ = ["Split", "batch_counts", "split"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from turbospark.recorder import RouterHistogram
+from turbospark.recording.recorder import RouterHistogram
 
 __all__ = ["ModelRecorder", "distance_key"]
 

@@ -78,13 +78,10 @@ def install(close_all: Callable[[], None], write_all: Callable[[], None]) -> Non
 
 
 def _restore_in_child() -> None:
-    """A forked child owns no capture: give SIGTERM back the disposition it had."""
+    """A forked child owns no capture: give SIGTERM back the disposition it had (run by _lifecycle's fork hook)."""
     global _installed, _lock
     _lock = threading.Lock()
     if _installed and _handler is not None and signal.getsignal(signal.SIGTERM) is _handler:
         signal.signal(signal.SIGTERM, _previous if _previous is not None else signal.SIG_DFL)
     _installed = False
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_restore_in_child)

@@ -12,7 +12,7 @@ import os
 import stat
 from typing import Any, Callable, Optional
 
-from .capture import Capture, loads
+from ..analysis.capture import Capture, loads
 from .simulate import RouterSimulator
 
 __all__ = ["DEFAULTS", "NEXT_STEPS", "CaptureNotWritten", "run_demo"]
@@ -62,7 +62,7 @@ def run_demo(
     anything), and ``CaptureNotWritten`` when the final write failed (the
     recorder has reported it).
     """
-    from . import RouterHistogram  # the recorder is the package's core; load it only when used
+    from .. import RouterHistogram  # the recorder is the package's core; load it only when used
 
     simulator = RouterSimulator(layers, experts, top_k, seed=seed)
     with RouterHistogram(out, layers, experts, top_k, trace=True, pilot=pilot) as recorder:

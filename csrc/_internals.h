@@ -1,11 +1,28 @@
+/* The compiled core's reliance on CPython internals and the OS, in one place.
+ *
+ * Everything here is a shortcut with a general fallback; none changes a
+ * result, only how fast one is reached:
+ *  - ts_compact_int: reads a one-digit ("compact") int without a call. Saves
+ *    a PyLong_AsLongLongAndOverflow call per id. Relies on the
+ *    PyUnstable_Long_* API (3.12+) or on ob_digit/Py_SIZE (3.9-3.11); PyPy
+ *    and the limited API take the public call.
+ *  - ts_init_small_ints / ts_record_ints: ids 0..256 known by address, since
+ *    CPython keeps those ints as singletons in one array. Saves the type,
+ *    size and digit loads per id. Relies on that layout, which is checked
+ *    element by element at import; the shortcut stays off if it does not hold.
+ *  - ts_prefault: madvise(MADV_POPULATE_WRITE) a window ahead of a trace's
+ *    writer. Saves one page fault per 4 KiB page (costlier than the recording
+ *    on a VM). Relies on Linux 5.14+; elsewhere it reports -1 and the caller
+ *    stops asking.
+ */
 /* Read a small exact Python int without a function call.
  *
  * Expert ids are tiny ints, which CPython stores "compact" (one digit). This
  * reads them directly; anything else (big ints, other implementations) goes
  * through the public, slower PyLong_AsLongLongAndOverflow.
  */
-#ifndef TURBOSPARK_FASTINT_H
-#define TURBOSPARK_FASTINT_H
+#ifndef TURBOSPARK_INTERNALS_H
+#define TURBOSPARK_INTERNALS_H
 #include <Python.h>
 #include <stdint.h>
 

@@ -11,7 +11,8 @@ import os
 import warnings
 from typing import TYPE_CHECKING
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package root (``turbospark/``), one level above this wing.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fallback_message(error: ImportError) -> str:

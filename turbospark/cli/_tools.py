@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from ._cli_io import UsageError, emit, read_capture, run_guarded
-from .compare import compare, compare_lines, geometry_mismatch
+from ._io import UsageError, emit, read_capture, run_guarded
+from ..analysis.compare import compare, compare_lines, geometry_mismatch
 
 __all__ = ["add_commands"]
 
@@ -52,7 +52,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from .merge import merge_files
+    from ..analysis.merge import merge_files
 
     if len(args.inputs) < 2:
         raise UsageError("merge needs at least two captures")

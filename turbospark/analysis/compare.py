@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .analysis import coverage
+from .metrics import coverage
 from .capture import Capture
 from .holdout import covered, top_set
 

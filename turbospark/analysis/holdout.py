@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .analysis import COVERAGE_FRACTIONS, coverage
+from .metrics import COVERAGE_FRACTIONS, coverage
 from .capture import Capture
 
 __all__ = ["NO_TRACE", "covered", "holdout", "holdout_lines", "top_set"]

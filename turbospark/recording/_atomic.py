@@ -20,13 +20,11 @@ _temporaries_lock = threading.RLock()  # re-entrant: the SIGTERM handler may run
 
 
 def _forget_in_child() -> None:
+    """A forked child has no write in progress (run by _lifecycle's fork hook)."""
     global _temporaries_lock
     _temporaries.clear()
     _temporaries_lock = threading.RLock()
 
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def remove_temporaries() -> None:

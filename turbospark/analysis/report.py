@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .analysis import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
+from .metrics import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
 from .capture import Capture
 
 __all__ = ["format_report"]

@@ -7,9 +7,9 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .capture import Capture
-from .placement.document import evaluate_map
-from .placement.formats import read_placement
+from ..analysis.capture import Capture
+from ..placement.document import evaluate_map
+from ..placement.formats import read_placement
 
 __all__ = ["Extras", "add_options", "extras"]
 
@@ -44,7 +44,7 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
     if args.placement is not None:
         _placement(capture, args.placement, args.gpus, out)
     if args.holdout is not None:
-        from .holdout import holdout, holdout_lines
+        from ..analysis.holdout import holdout, holdout_lines
 
         doc = holdout(capture, args.holdout)
         out.doc["holdout"] = doc

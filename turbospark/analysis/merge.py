@@ -29,8 +29,8 @@ from typing import Optional
 
 import numpy as np
 
-from ._cli_io import read_capture
-from ._f32display import format_f32_row
+from ..cli._io import read_capture
+from ..recording._f32display import format_f32_row
 from .capture_sequences import Sequences, layer_passes
 from .capture import Capture
 

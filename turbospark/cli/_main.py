@@ -1,5 +1,5 @@
-"""The ``turbospark`` command: ``analyze``, ``plot``, ``demo``; ``place``, ``export`` (``_cli_place``);
-``compare``, ``merge`` (``_cli_tools``).
+"""The ``turbospark`` command: ``analyze``, ``plot``, ``demo``; ``place``, ``export`` (``_place``);
+``compare``, ``merge`` (``_tools``).
 
 Exit status: 0 when everything asked for holds; 1 when a capture check (or
 ``--self-test``) fails, the report still printed; 2 when the job could not be
@@ -15,10 +15,10 @@ import os
 import sys
 from typing import Any, Sequence, TextIO
 
-from . import __version__
-from .analysis import DEFAULT_WINDOWS, analyze, self_test
-from .capture import Capture, load
-from .report import format_report
+from .. import __version__
+from ..analysis.metrics import DEFAULT_WINDOWS, analyze, self_test
+from ..analysis.capture import Capture, load
+from ..analysis.report import format_report
 
 __all__ = ["main"]
 
@@ -68,8 +68,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also require pilot recall 1.0 on every layer with predictions "
         "(a capture made with pilot='self' checks the probe's wiring)",
     )
-    from ._cli_analyze_extras import add_options
-    from ._cli_place import fraction
+    from ._analyze_extras import add_options
+    from ._place import fraction
 
     add_options(analyze_cmd, _positive, fraction)
     analyze_cmd.set_defaults(run=_run_analyze)
@@ -122,10 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_analysis_options(demo_cmd)
     demo_cmd.set_defaults(run=_run_demo)
 
-    from . import _cli_place, _cli_tools
+    from . import _place, _tools
 
-    _cli_place.add_commands(commands, _positive)
-    _cli_tools.add_commands(commands)
+    _place.add_commands(commands, _positive)
+    _tools.add_commands(commands)
     _add_record_command(commands)
     return parser
 
@@ -153,7 +153,7 @@ def _add_record_command(commands: Any) -> None:
 
 def _run_record(args: argparse.Namespace) -> int:
     try:
-        from .transformers._cli import record
+        from ..transformers._cli import record
     except ImportError as exc:
         print(f"turbospark record: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -198,7 +198,7 @@ def _load(path: str) -> Capture | None:
 
 
 def _run_analyze(args: argparse.Namespace) -> int:
-    from ._cli_analyze_extras import extras
+    from ._analyze_extras import extras
 
     capture = _load(args.capture)
     if capture is None:
@@ -260,13 +260,13 @@ def _recall(value: float | None) -> str:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from .plot import MissingMatplotlib, plot_capture
+    from ..analysis.plot import MissingMatplotlib, plot_capture
 
     if (args.capture is None) == (args.placement is None):
         print("turbospark: plot takes a CAPTURE or --placement FILE (one of the two)", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.placement is not None:
-        from ._cli_place import draw_placement
+        from ._place import draw_placement
 
         return draw_placement(args.placement, args.output or _png_beside(args.placement))
     capture = _load(args.capture)

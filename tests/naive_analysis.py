@@ -1,5 +1,5 @@
-"""A straightforward pure-Python ``analyze --json``: the comparison for the benchmark
-and an independent oracle for the tests.
+"""A straightforward pure-Python ``analyze --json``: the tests' independent oracle, and
+the comparison ``benchmarks/bench_analyze.py`` times ``analyze`` against.
 
 It follows the definitions in the issue literally -- ``json.load`` into lists,
 one Python ``set`` per pass, a union per window, an ``OrderedDict`` LRU -- and
@@ -127,10 +127,16 @@ def _pilot(guesses: list[set[int]], sets: list[set[int]]) -> tuple[float | None,
 
 
 def _lru(flat: list[int], k: int, slots: int) -> float | None:
+    hits, lookups = lru_counts((flat[start : start + k] for start in range(0, len(flat), k)), slots)
+    return hits / lookups if lookups else None
+
+
+def lru_counts(passes: Iterable[Iterable[int]], slots: int) -> tuple[int, int]:
+    """(hits, lookups) of an LRU cache of ``slots`` experts over ``passes``, each looked up once per pass."""
     cache: OrderedDict[int, None] = OrderedDict()
     hits = lookups = 0
-    for start in range(0, len(flat), k):
-        for expert in dict.fromkeys(flat[start : start + k]):  # distinct, trace order
+    for ids in passes:
+        for expert in dict.fromkeys(ids):  # distinct, trace order
             lookups += 1
             if expert in cache:
                 hits += 1
@@ -139,4 +145,4 @@ def _lru(flat: list[int], k: int, slots: int) -> float | None:
                 cache[expert] = None
                 if len(cache) > slots:
                     cache.popitem(last=False)
-    return hits / lookups if lookups else None
+    return hits, lookups

@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Callable, Optional
 
-from ._atomic import write_atomic
-from .capture import Capture, loads
-from .capture_sequences import Sequences, sequences
+from ..recording._atomic import write_atomic
+from ..analysis.capture import Capture, loads
+from ..analysis.capture_sequences import Sequences, sequences
 
 __all__ = ["UsageError", "emit", "read_capture", "run_guarded"]
 

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .analysis import (
+from .metrics import (
     _pilot_passes,
     _reuse_ratios,
     _window_totals,

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ._cli_io import UsageError, emit, read_capture, run_guarded
-from .placement.document import build, summary_lines
-from .placement.formats import FORMATS, render
+from ._io import UsageError, emit, read_capture, run_guarded
+from ..placement.document import build, summary_lines
+from ..placement.formats import FORMATS, render
 
 __all__ = ["add_commands", "draw_placement", "fraction"]
 
@@ -90,8 +90,8 @@ def draw_placement(path: str, output: str) -> int:
     """``plot --placement``: draw the placement document at ``path`` into ``output``; returns the exit status."""
     import os
 
-    from .plot import MissingMatplotlib
-    from .plot_placement import plot_placement, read_document
+    from ..analysis.plot import MissingMatplotlib
+    from ..analysis.plot_placement import plot_placement, read_document
 
     try:
         doc = read_document(path)

@@ -10,18 +10,15 @@ file lifecycle (atomic writes, close, write-on-drop, write-at-exit).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
-import sys
 import threading
-import weakref
-from typing import Any, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _convert, _env, _errors, _paths, _sequences, _sigterm
+from . import _convert, _env, _errors, _lifecycle, _paths, _sequences, _sigterm
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
@@ -31,16 +28,6 @@ from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
 _Self = TypeVar("_Self", bound="_Facade")
-
-# Every open recorder, so that interpreter exit can write the ones still open,
-# and the closed ones whose write was interrupted, so that exit retries them.
-_live: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Recorders whose write is in progress: a SIGTERM handler that ends the
-# process from inside one of those writes must redo it first.
-_writing: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Re-entrant: a garbage collection inside the lock may run __del__ -> close().
-_live_lock = threading.RLock()
 
 def _path_text(path: Any) -> str:
     try:
@@ -81,7 +68,17 @@ def _useless(layers: int, experts: int, top_k: int, *, from_env: bool) -> list[s
     return problems
 
 
-class _Facade:
+if TYPE_CHECKING:
+    # The declared core/facade contract: for type checkers the facade extends
+    # the compiled core's stub (_recorder.pyi, which _backend checks against
+    # _types.RecorderCoreAPI), so every core method it calls is declared. At
+    # run time the core is mixed in by RouterHistogram / recorder_class.
+    _CoreBase = RecorderCore
+else:
+    _CoreBase = object
+
+
+class _Facade(_CoreBase):
     """Everything of ``RouterHistogram`` that is not a per-call hot path."""
 
     _path: str
@@ -147,20 +144,20 @@ class _Facade:
         # Read (and warn about) the setting before this recorder exists, so a
         # warning turned into an error leaves nothing behind to write.
         handle_sigterm = _sigterm.requested()
-        super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)  # type: ignore[call-arg]
+        super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)
         self._path = _paths.per_process(text)
         self._owner_pid = os.getpid()
         self._columns = None
         self._batch_lock = threading.RLock()
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
-        with _live_lock:
-            _live.add(self)
+        with _lifecycle._live_lock:
+            _lifecycle._live.add(self)
         if handle_sigterm:
-            _sigterm.install(_close_all, _write_all)
+            _sigterm.install(_lifecycle.close_all, _lifecycle.write_all)
 
     @classmethod
-    def from_env(cls, num_layers: int, num_experts: int, top_k: int = 0) -> Optional["RouterHistogram"]:
+    def from_env(cls: type[_Self], num_layers: int, num_experts: int, top_k: int = 0) -> Optional[_Self]:
         """A recorder configured by the ``TURBOSPARK_*`` variables, or None when recording is off.
 
         None when ``TURBOSPARK_ROUTER_HIST`` is unset or empty, or when
@@ -189,7 +186,7 @@ class _Facade:
             config.router_logits,
             from_env=True,
         )
-        return recorder  # type: ignore[return-value]
+        return recorder
 
     @property
     def path(self) -> str:
@@ -204,20 +201,20 @@ class _Facade:
         Reading it again without recording in between returns the same array
         (no copy); a later record never changes a snapshot already taken.
         """
-        return self._counts_snapshot()  # type: ignore[attr-defined, no-any-return]
+        return self._counts_snapshot()
 
     @property
     def passes(self) -> np.ndarray:
         """A copy of the routed-pass count of each layer: (num_layers,) int64."""
-        return self._passes_array()  # type: ignore[attr-defined, no-any-return]
+        return self._passes_array()
 
     def trace(self, layer: int) -> Optional[np.ndarray]:
         """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off."""
-        return self._trace_array(layer)  # type: ignore[attr-defined, no-any-return]
+        return self._trace_array(layer)
 
     def predictions(self, layer: int) -> Optional[np.ndarray]:
         """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
-        return self._predictions_array(layer)  # type: ignore[attr-defined, no-any-return]
+        return self._predictions_array(layer)
 
     def record_batch(self, layer: int, ids_2d: Any, *, seq: Any, phase: str, mask: Any = None) -> None:
         """Record a block of passes that belong to different sequences, in one phase.
@@ -233,9 +230,9 @@ class _Facade:
         ``seq``, ``phase`` or ``mask``; a rejected call records nothing.
         """
         with self._batch_lock:
-            if self.closed:  # type: ignore[attr-defined]
+            if self.closed:
                 raise _errors.closed()
-            index = _convert.check_layer(layer, self.num_layers)  # type: ignore[attr-defined]
+            index = _convert.check_layer(layer, self.num_layers)
             code = _sequences.phase_code(phase)
             block = _sequences.block_copy(ids_2d)
             rows = block.shape[0]
@@ -243,18 +240,28 @@ class _Facade:
             keep = _sequences.mask_copy(mask, rows)
             if keep is not None:
                 block, seq_ids = block[keep], seq_ids[keep]
-            self.record_many(index, block)  # type: ignore[attr-defined]
+            self.record_many(index, block)
             if block.shape[0] == 0:
                 return
             if self._columns is None:
-                self._columns = _sequences.SequenceColumns(self.num_layers)  # type: ignore[attr-defined]
+                self._columns = _sequences.SequenceColumns(self.num_layers)
             # The kept rows are the layer's newest passes.
-            passes = int(self._passes_array()[index])  # type: ignore[attr-defined]
+            passes = int(self._passes_array()[index])
             self._columns.extend(index, passes - block.shape[0], seq_ids, code)
 
     def _document(self) -> bytes:
+        """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
+
+        In order: the device path's staged ids are drained into the core; the
+        core's ``_json_document(tail)`` writes everything it owns (sizes,
+        ``counts``, ``trace``, ``pred``) and appends ``tail`` verbatim; the
+        facade's ``tail`` is the ``router_logits`` object (values through
+        ``_f32display``, Rust's f32 ``Display``) and, after ``record_batch``,
+        the ``seq``/``phase`` columns (``_sequences``); then the closing ``}``.
+        Nothing else assembles a capture document.
+        """
         self._drain()
-        capture = self._logits_capture()  # type: ignore[attr-defined]
+        capture = self._logits_capture()
         if capture is None:
             tail = b""
         else:
@@ -263,14 +270,14 @@ class _Facade:
             tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
         with self._batch_lock:
             if self._columns is None:
-                return self._json_document(tail + b"}")  # type: ignore[attr-defined, no-any-return]
+                return self._json_document(tail + b"}")
             # The columns must match the passes of the core's snapshot: passes
             # only grow, so equal counts before and after pin that snapshot.
             while True:
-                before = self._passes_array()  # type: ignore[attr-defined]
-                head = self._json_document(tail)  # type: ignore[attr-defined]
-                if np.array_equal(before, self._passes_array()):  # type: ignore[attr-defined]
-                    return head + self._columns.json_tail(before.tolist()) + b"}"  # type: ignore[no-any-return]
+                before = self._passes_array()
+                head = self._json_document(tail)
+                if np.array_equal(before, self._passes_array()):
+                    return head + self._columns.json_tail(before.tolist()) + b"}"
 
     def _add_drain(self, drain: Any) -> None:
         """Call ``drain()`` before every write and before closing (the device path's staged ids)."""
@@ -295,14 +302,14 @@ class _Facade:
         Only the process that created the recorder writes: a forked child's
         copy closes silently, so it can never overwrite the parent's capture.
         """
-        if self.closed:  # type: ignore[attr-defined]
+        if self.closed:
             return
         if os.getpid() == self._owner_pid:
             self._drain_and_report()
-        if not self._mark_closed():  # type: ignore[attr-defined]
+        if not self._mark_closed():
             return
-        with _live_lock:
-            _live.discard(self)
+        with _lifecycle._live_lock:
+            _lifecycle._live.discard(self)
         if os.getpid() != self._owner_pid:
             return
         self._write_and_report()
@@ -312,7 +319,7 @@ class _Facade:
         try:
             self._drain()
         except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
-            _report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
+            _lifecycle.report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
 
     def discard(self) -> None:
         """Stop recording without writing anything; idempotent, never raises.
@@ -320,34 +327,34 @@ class _Facade:
         Later records raise ``ValueError`` as after ``close()``; ``to_json()``
         and ``write(path)`` still give what was recorded.
         """
-        self._mark_closed()  # type: ignore[attr-defined]
-        with _live_lock:
-            _live.discard(self)
+        self._mark_closed()
+        with _lifecycle._live_lock:
+            _lifecycle._live.discard(self)
 
     def _write_and_report(self) -> None:
-        if not self.closed:  # type: ignore[attr-defined]
+        if not self.closed:
             self._drain_and_report()
-        with _live_lock:
-            _writing.add(self)
+        with _lifecycle._live_lock:
+            _lifecycle._writing.add(self)
         try:
             self.write()
         except Exception as exc:  # noqa: BLE001 -- close() must never raise
-            _report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
+            _lifecycle.report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
         except BaseException:
             # Interrupted mid-write (Ctrl-C): nothing new is on disk, so the
             # exit handler tries again rather than losing the capture.
-            with _live_lock:
-                _interrupted.add(self)
+            with _lifecycle._live_lock:
+                _lifecycle._interrupted.add(self)
             raise
         else:
-            _report(f"[router-hist] wrote {self._path}")
+            _lifecycle.report(f"[router-hist] wrote {self._path}")
         finally:
-            with _live_lock:
-                _writing.discard(self)
+            with _lifecycle._live_lock:
+                _lifecycle._writing.discard(self)
 
     def _after_fork_in_child(self) -> None:
         self._batch_lock = threading.RLock()
-        super()._after_fork_in_child()  # type: ignore[misc]
+        super()._after_fork_in_child()
 
     def __enter__(self: _Self) -> _Self:
         return self
@@ -361,18 +368,11 @@ class _Facade:
             self.close()
 
     def __repr__(self) -> str:
-        pilot = ("self" if self.pilot_offset() == 0 else "next") if self.pilot_enabled() else None  # type: ignore[attr-defined]
+        pilot = ("self" if self.pilot_offset() == 0 else "next") if self.pilot_enabled() else None
         return (
-            f"<RouterHistogram path={self._path!r} layers={self.num_layers} experts={self.num_experts} "  # type: ignore[attr-defined]
-            f"top_k={self.top_k} trace={self.trace_enabled} pilot={pilot!r} closed={self.closed}>"  # type: ignore[attr-defined]
+            f"<RouterHistogram path={self._path!r} layers={self.num_layers} experts={self.num_experts} "
+            f"top_k={self.top_k} trace={self.trace_enabled} pilot={pilot!r} closed={self.closed}>"
         )
-
-
-def _report(line: str) -> None:
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except Exception:  # noqa: BLE001 -- stderr may be gone at interpreter exit
-        pass
 
 
 class RouterHistogram(_Facade, RecorderCore):
@@ -406,50 +406,6 @@ def recorder_class(core: type) -> type:
     if core is RecorderCore:
         return RouterHistogram
     return type("RouterHistogram", (_Facade, core), {"__doc__": RouterHistogram.__doc__, "__module__": __name__})
-
-
-@atexit.register
-def _close_all() -> None:
-    """Write every recorder still open at interpreter exit, as the reference writes on drop."""
-    with _live_lock:
-        recorders = list(_live)
-        retries = list(_interrupted) + [recorder for recorder in _writing if recorder not in _interrupted]
-        _interrupted.clear()
-    for recorder in retries:
-        if os.getpid() == recorder._owner_pid:
-            recorder._write_and_report()
-    interrupted = []
-    for recorder in recorders:
-        try:
-            recorder.close()
-        except BaseException:  # noqa: BLE001 -- one interrupted write must not cost the others
-            interrupted.append(recorder)
-    for recorder in interrupted:
-        try:
-            recorder._write_and_report()
-        except BaseException:  # noqa: BLE001
-            _report(f"[router-hist] FAILED writing {recorder._path}: interrupted")
-
-
-def _write_all() -> None:
-    """Write every open capture of this process, leaving the recorders open."""
-    with _live_lock:
-        recorders = list(_live)
-    for recorder in recorders:
-        if os.getpid() == recorder._owner_pid:
-            recorder._write_and_report()
-
-
-def _after_fork_in_child() -> None:
-    """Locks another thread held at fork() time stay held in the child: make new ones."""
-    global _live_lock
-    _live_lock = threading.RLock()
-    for recorder in list(_live):
-        recorder._after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["BACKEND", "RouterHistogram", "recorder_class"]

@@ -1,0 +1,215 @@
+# The RecorderCore class: its state, construction and teardown, the public
+# recording methods (which dispatch to _record_one.pxi and _record_block.pxi)
+# and the private helpers the facade builds on (_types.RecorderCoreAPI).
+#
+# Included by _recorder.pyx.
+
+cdef class RecorderCore:
+    """Counts, trace and predictions of one capture; see ``RouterHistogram``."""
+
+    cdef Py_ssize_t _num_layers
+    cdef uint64_t _num_experts
+    cdef Py_ssize_t _top_k
+    cdef Py_ssize_t _pred_k
+    cdef uint64_t* _counts
+    cdef uint64_t* _passes
+    cdef IdBuf* _trace
+    cdef IdBuf* _pred
+    cdef bint _self_test
+    cdef Py_ssize_t _logits_layer
+    cdef uint64_t _logits_pass
+    cdef object _logits
+    cdef bint _closed
+    cdef bint _ready
+    # Commits that changed the counts, and the snapshot last handed out.
+    cdef uint64_t _commits
+    cdef uint64_t _cached_at
+    cdef object _counts_cache
+
+    def __cinit__(self, *args, **kwargs):
+        self._counts = NULL
+        self._passes = NULL
+        self._trace = NULL
+        self._pred = NULL
+        self._logits = None
+        self._logits_layer = -1
+
+    def __init__(self, num_layers, num_experts, top_k, trace, pilot, logits_layer, logits_pass):
+        if self._ready:
+            raise RuntimeError("a recorder core is initialised once")
+        # Checked here, not trusted from the facade: these sizes index C arrays.
+        num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
+            num_layers, num_experts, top_k, pilot, logits_layer, logits_pass)
+        self._num_layers = num_layers
+        self._num_experts = num_experts
+        self._top_k = top_k
+        self._pred_k = 0
+        self._counts = <uint64_t*>calloc(max(self._num_layers * self._num_experts, 1), sizeof(uint64_t))
+        self._passes = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
+        if self._counts == NULL or self._passes == NULL:
+            raise MemoryError()
+        if bool(trace):
+            self._trace = self._new_rows()
+        if pilot is not None:
+            self._pred = self._new_rows()
+        self._self_test = pilot == "self"
+        self._logits_layer = logits_layer
+        self._logits_pass = logits_pass
+        self._ready = True
+
+    cdef IdBuf* _new_rows(self) except NULL:
+        cdef IdBuf* rows = <IdBuf*>calloc(max(self._num_layers, 1), sizeof(IdBuf))
+        cdef Py_ssize_t layer
+        if rows == NULL:
+            raise MemoryError()
+        for layer in range(self._num_layers):
+            rows[layer].data = <uint32_t*>malloc(FIRST_CAPACITY * sizeof(uint32_t))
+            if rows[layer].data == NULL:
+                _free_rows(rows, layer)
+                raise MemoryError()
+            rows[layer].cap = FIRST_CAPACITY
+        return rows
+
+    def __dealloc__(self):
+        free(self._counts)
+        free(self._passes)
+        _free_rows(self._trace, self._num_layers)
+        _free_rows(self._pred, self._num_layers)
+
+    @property
+    def num_layers(self):
+        return self._num_layers
+
+    @property
+    def num_experts(self):
+        return self._num_experts
+
+    @property
+    def top_k(self):
+        return self._top_k
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def trace_enabled(self):
+        return self._trace != NULL
+
+    def pilot_offset(self):
+        return 0 if self._self_test else 1
+
+    def pilot_enabled(self):
+        return self._pred != NULL
+
+    def record(self, layer, selected):
+        _record_pass(self, layer, selected, False)
+
+    def record_prediction(self, layer, predicted):
+        _record_pass(self, layer, predicted, True)
+
+    def record_many(self, layer, selected, mask=None):
+        _record_block(self, layer, selected, mask, False)
+
+    def record_prediction_many(self, layer, predicted, mask=None):
+        _record_block(self, layer, predicted, mask, True)
+
+    def record_router_logits(self, layer, logits):
+        cdef Py_ssize_t index, got
+        if self._logits_layer < 0:
+            return  # no row requested: free, as the reference's call is
+        if self._closed:
+            raise _errors.closed()
+        index = _layer_index(self, layer)
+        got = _convert.logits_length(logits)
+        if <uint64_t>got != self._num_experts:
+            raise _errors.logits_length(got, self._num_experts)
+        if index != self._logits_layer or self._passes[index] != self._logits_pass or self._logits is not None:
+            return
+        row = _convert.logit_row(logits, self._num_experts)
+        # Converting ran Python code: another thread may have closed the
+        # recorder, or recorded a pass or this very row, meanwhile.
+        if self._closed:
+            raise _errors.closed()
+        if self._passes[index] == self._logits_pass and self._logits is None:
+            self._logits = row
+
+    def _after_fork_in_child(self):
+        """Nothing to reset: this core holds no lock (the GIL makes each call atomic)."""
+
+    def _mark_closed(self):
+        """Close for recording; True only for the call that did it."""
+        cdef bint was_open = not self._closed
+        self._closed = True
+        return was_open
+
+    def _counts_snapshot(self):
+        """The counts as a read-only int64 array, copied only when a pass was recorded since the last one."""
+        cdef cnp.ndarray out
+        if self._counts_cache is not None and self._cached_at == self._commits:
+            return self._counts_cache
+        # int64 like a loaded Capture's counts; no count can reach 2**63.
+        out = np.empty((self._num_layers, self._num_experts), dtype=np.int64)
+        memcpy(cnp.PyArray_DATA(out), self._counts, self._num_layers * self._num_experts * sizeof(uint64_t))
+        out.setflags(write=False)
+        self._counts_cache = out
+        self._cached_at = self._commits
+        return out
+
+    def _passes_array(self):
+        cdef cnp.ndarray out = np.empty(self._num_layers, dtype=np.int64)
+        memcpy(cnp.PyArray_DATA(out), self._passes, self._num_layers * sizeof(uint64_t))
+        return out
+
+    def _trace_array(self, layer):
+        cdef Py_ssize_t index = _layer_index(self, layer)
+        if self._trace == NULL:
+            return None
+        return _rows_array(&self._trace[index], self._top_k)
+
+    def _predictions_array(self, layer):
+        cdef Py_ssize_t index = _layer_index(self, layer)
+        if self._pred == NULL:
+            return None
+        return _rows_array(&self._pred[index], self._top_k or self._pred_k)
+
+    def _logits_capture(self):
+        if self._logits_layer < 0:
+            return None
+        return (self._logits_layer, self._logits_pass, self._logits)
+
+    def _json_document(self, bytes tail):
+        """The JSON document up to ``router_logits``, followed by ``tail``."""
+        return _json_document(self, tail)
+
+    def _add_counts(self, counts, passes, Py_ssize_t top_k):
+        """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.
+
+        For the device path's counts-only mode; refused (ValueError) while the
+        trace or the probe is on, or when a row does not sum to passes x top_k.
+        Learns ``top_k`` when it was still 0 and passes were added.
+        """
+        cdef const int64_t[:, ::1] added
+        cdef const int64_t[::1] more
+        cdef Py_ssize_t layer
+        cdef uint64_t e
+        cdef uint64_t* row
+        cdef bint any_pass = False
+        if self._closed:
+            raise _errors.closed()
+        added_arr, more_arr = _counts.added_counts(
+            counts, passes, top_k, self._num_layers, self._num_experts,
+            self._top_k or self._pred_k, self._trace != NULL or self._pred != NULL)
+        added = added_arr.reshape(self._num_layers, self._num_experts)
+        more = more_arr
+        # Validation ran Python code: another thread may have closed us meanwhile.
+        if self._closed:
+            raise _errors.closed()
+        for layer in range(self._num_layers):
+            row = self._counts + layer * self._num_experts
+            for e in range(self._num_experts):
+                row[e] += <uint64_t>added[layer, e]
+            self._passes[layer] += <uint64_t>more[layer]
+            any_pass = any_pass or more[layer] > 0
+        if self._top_k == 0 and any_pass:
+            self._top_k = top_k

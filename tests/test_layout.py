@@ -1,0 +1,60 @@
+"""The package's wings keep their import boundaries: ``import turbospark`` and the whole
+analysis wing load neither the recorder core nor the optional extras (matplotlib,
+torch, transformers), and the public import paths resolve."""
+
+from __future__ import annotations
+
+import sys
+
+from childproc import PACKAGE_ROOT, child_env, run_isolated
+from conftest import require_module
+
+HEAVY = (
+    "matplotlib",
+    "torch",
+    "transformers",
+    "turbospark.recording._backend",
+    "turbospark.recording._recorder",
+    "turbospark.recording._recorder_py",
+    "turbospark.recording.recorder",
+)
+
+
+def loaded_after(imports: str) -> str:
+    """stdout of a child that runs ``imports`` and prints which HEAVY modules it loaded."""
+    code = f"import sys\n{imports}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    done = run_isolated([sys.executable, "-W", "error", "-c", code], PACKAGE_ROOT, child_env(), 120)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout
+
+
+def test_import_turbospark_loads_no_core_and_no_extra() -> None:
+    assert loaded_after("import turbospark") == "[]\n"
+
+
+def test_the_analysis_wing_loads_no_core_and_no_extra() -> None:
+    imports = (
+        "import turbospark.analysis\n"
+        "from turbospark.analysis import capture, capture_sequences, compare, holdout, merge, metrics\n"
+        "from turbospark.analysis import plot, plot_placement, report, sequences\n"
+        "import turbospark.placement, turbospark.placement.document, turbospark.placement.formats\n"
+        "import turbospark.cli\n"
+    )
+    assert loaded_after(imports) == "[]\n"
+
+
+def test_the_public_paths_resolve() -> None:
+    require_module("torch")
+    require_module("transformers")
+    imports = (
+        "from turbospark import RouterHistogram, Capture, load, loads, analyze, BACKEND\n"
+        "from turbospark.analysis import analyze as a2, coverage, lru_hit_rates\n"
+        "from turbospark.placement import place\n"
+        "from turbospark.cli import main\n"
+        "assert a2 is analyze and RouterHistogram.__module__ == 'turbospark.recording.recorder'\n"
+        "core = {'cython': 'turbospark.recording._recorder', 'python': 'turbospark.recording._recorder_py'}[BACKEND]\n"
+        "assert core in sys.modules, core\n"
+        "import turbospark.torch, turbospark.transformers\n"
+    )
+    # Asking for the recorder loads it and its core; the integrations load their extras.
+    assert loaded_after(imports).startswith("['torch', 'transformers', 'turbospark.recording._backend', ")
