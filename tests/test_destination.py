@@ -25,7 +25,7 @@ HIST = "TURBOSPARK_ROUTER_HIST"
 
 
 def live_count() -> int:
-    return len(turbospark.recording._lifecycle._live)
+    return turbospark.recording._lifecycle.pending_count()
 
 
 @pytest.mark.parametrize(

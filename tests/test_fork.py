@@ -297,7 +297,7 @@ def busy():
         # The module's registry lock, taken by every construction and close.
         import turbospark.recording.recorder
 
-        with turbospark.recording._lifecycle._live_lock:
+        with turbospark.recording._lifecycle._lock:
             inside.set()
             release.wait()
 
@@ -324,8 +324,8 @@ print(f"PARENT child status={os.waitstatus_to_exitcode(status)}", file=sys.stder
 @pytest.mark.parametrize("what", ["record", "registry"])
 def test_a_child_forked_while_another_thread_holds_a_lock_does_not_hang(tmp_path: pathlib.Path, what: str) -> None:
     # Regression: the pure-Python core's per-recorder lock and the module's
-    # _live_lock were inherited locked, and the child deadlocked in its first
-    # record()/close()/construction or at exit in _close_all (now _lifecycle.close_all) (fixed by
+    # _live_lock (now _lifecycle._lock) were inherited locked, and the child deadlocked in its first
+    # record()/close()/construction or at exit in _close_all (now _lifecycle.finish_all) (fixed by
     # re-creating them with os.register_at_fork).
     path, child_path = tmp_path / "capture.json", tmp_path / "child.json"
     result = run_script(tmp_path, LOCK_SCRIPT, str(path), str(child_path), what)

@@ -564,7 +564,7 @@ def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[...
 
 def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathlib.Path) -> None:
     # A bug this test caught, now fixed: turbospark/recording/recorder.py, _close_all
-    # (now _lifecycle.close_all). A
+    # (now _lifecycle.finish_all). A
     # KeyboardInterrupt while the exit-time write of one capture is under way
     # (a second Ctrl-C while a long trace is written) escapes the atexit
     # handler: Python prints "Exception ignored in atexit callback" with a
@@ -607,3 +607,36 @@ def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathli
             '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}' if path == first
             else '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[1,0]]}'
         )
+
+
+def test_a_close_that_ctrl_c_cuts_short_is_written_at_exit(tmp_path: pathlib.Path) -> None:
+    # The capture stays pending until a write of it succeeds: close() was
+    # interrupted, so the exit path writes it (and nothing else writes it twice).
+    path = tmp_path / "c.json"
+    result = run_script(
+        tmp_path,
+        """
+        hist = R(sys.argv[1], 2, 3, trace=True)
+        hist.record(0, [2, 0])
+        hist.record(1, [1, 2])
+        real_fsync = os.fsync
+
+
+        def fsync(fd):
+            os.fsync = real_fsync
+            raise KeyboardInterrupt  # Ctrl-C while close() writes
+
+
+        os.fsync = fsync
+        try:
+            hist.close()
+        except KeyboardInterrupt:
+            print("close interrupted; closed:", hist.closed, os.path.exists(sys.argv[1]), file=sys.stderr, flush=True)
+        hist.close()  # closed: does nothing
+        """,
+        str(path),
+    )
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == ["close interrupted; closed: True False", f"[router-hist] wrote {path}"]
+    assert path.read_text() == DOC
+    assert leftovers(tmp_path) == []

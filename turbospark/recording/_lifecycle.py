@@ -1,13 +1,23 @@
-"""The recorders' lifecycle: which captures are open or mid-write, exit, and the one fork hook.
+"""The recorders' lifecycle: one registry of captures still owed to disk, the exit writes, the one fork hook.
 
-A recorder is registered in ``_live`` from construction until ``close()`` or
-``discard()``; ``_writing`` holds those whose write is in progress and
-``_interrupted`` those whose write Ctrl-C cut short, so that interpreter exit
-(``close_all``) can retry them. The opt-in SIGTERM handler (``_sigterm``)
-calls ``close_all`` or ``write_all``. ``_after_fork_in_child`` is the
-package's one ``os.register_at_fork`` hook: a forked child forgets the
-parent's temporary files, gives SIGTERM back its earlier disposition and
-renews every lock another thread may have held at the fork.
+A recorder is *pending* from construction until its capture is settled: a
+write after ``close()`` succeeded or failed with a reported error, or
+``discard()`` dropped it. A write cut short by Ctrl-C or by a signal leaves
+it pending, so there is no separate "writing" or "interrupted" state: the exit
+path (``finish_all``, run by ``atexit`` and by the opt-in SIGTERM handler)
+writes whatever is still pending, and is the one place that writes at the end.
+
+States of one recorder (``closed`` is the core's flag)::
+
+    open, pending --close()/drop--> closed, pending --write ok / reported failure--> closed, settled
+         |                                 ^   \\--Ctrl-C, signal--> (stays pending: the exit path writes it)
+         +--exit, SIGTERM (finish_all)-----+
+         +--discard()--> closed, settled (nothing written)
+         +--fork: the child's copy is forgotten (it never writes; it may record)
+
+``_after_fork_in_child`` is the package's one ``os.register_at_fork`` hook: a
+forked child owns no capture and no write in progress, gets SIGTERM back as
+it was, and renews every lock another thread may have held at the fork.
 """
 
 from __future__ import annotations
@@ -21,15 +31,28 @@ from typing import Any
 
 from . import _atomic, _sigterm
 
-# Every open recorder, so that interpreter exit can write the ones still open,
-# and the closed ones whose write was interrupted, so that exit retries them.
-_live: "weakref.WeakSet[Any]" = weakref.WeakSet()
-_interrupted: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Recorders whose write is in progress: a SIGTERM handler that ends the
-# process from inside one of those writes must redo it first.
-_writing: "weakref.WeakSet[Any]" = weakref.WeakSet()
-# Re-entrant: a garbage collection inside the lock may run __del__ -> close().
-_live_lock = threading.RLock()
+_pending: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Re-entrant: a garbage collection inside it may run __del__ -> close(), and
+# the SIGTERM handler may run while the main thread holds it.
+_lock = threading.RLock()
+
+
+def register(recorder: Any) -> None:
+    """A new recorder owes its capture until it is settled."""
+    with _lock:
+        _pending.add(recorder)
+
+
+def settle(recorder: Any) -> None:
+    """The recorder's capture is written (or its failure reported, or it was discarded): nothing is owed."""
+    with _lock:
+        _pending.discard(recorder)
+
+
+def pending_count() -> int:
+    """How many recorders of this process still owe their capture."""
+    with _lock:
+        return len(_pending)
 
 
 def report(line: str) -> None:
@@ -40,50 +63,52 @@ def report(line: str) -> None:
         pass
 
 
-@atexit.register
-def close_all() -> None:
-    """Write every recorder still open at interpreter exit, as the reference writes on drop."""
-    with _live_lock:
-        recorders = list(_live)
-        retries = list(_interrupted) + [recorder for recorder in _writing if recorder not in _interrupted]
-        _interrupted.clear()
-    for recorder in retries:
-        if os.getpid() == recorder._owner_pid:
-            recorder._write_and_report()
+def _owned() -> list[Any]:
+    with _lock:
+        recorders = list(_pending)
+    pid = os.getpid()
+    return [recorder for recorder in recorders if recorder._owner_pid == pid]
+
+
+def finish_all(*, close: bool = True) -> None:
+    """Write every capture still owed; with ``close`` also close its recorder and settle it.
+
+    ``close=True`` is interpreter exit and a SIGTERM that ends the process;
+    ``close=False`` writes and leaves the recorders open (a SIGTERM chained to
+    a handler that may keep the process recording). Never raises: a Ctrl-C
+    during one write costs no other capture, and the write it cut short is
+    tried once more after the others, or reported.
+    """
     interrupted = []
-    for recorder in recorders:
+    for recorder in _owned():
         try:
-            recorder.close()
+            recorder._finish(close=close)
         except BaseException:  # noqa: BLE001 -- one interrupted write must not cost the others
             interrupted.append(recorder)
     for recorder in interrupted:
         try:
-            recorder._write_and_report()
+            recorder._finish(close=close)
         except BaseException:  # noqa: BLE001
             report(f"[router-hist] FAILED writing {recorder._path}: interrupted")
 
 
-def write_all() -> None:
-    """Write every open capture of this process, leaving the recorders open."""
-    with _live_lock:
-        recorders = list(_live)
-    for recorder in recorders:
-        if os.getpid() == recorder._owner_pid:
-            recorder._write_and_report()
+atexit.register(finish_all)
 
 
 def _after_fork_in_child() -> None:
-    """Locks another thread held at fork() time stay held in the child: make new ones.
+    """A forked child inherits copies of the parent's recorders, which it must never write.
 
     In the order the three hooks this replaces were registered: temporary
-    files, SIGTERM, then the recorders.
+    files, SIGTERM, then the recorders (whose locks another thread may have
+    held at the fork, so they are renewed before anything takes them).
     """
-    global _live_lock
+    global _lock
     _atomic._forget_in_child()
     _sigterm._restore_in_child()
-    _live_lock = threading.RLock()
-    for recorder in list(_live):
+    _lock = threading.RLock()
+    for recorder in list(_pending):
         recorder._after_fork_in_child()
+    _pending.clear()
 
 
 if hasattr(os, "register_at_fork"):

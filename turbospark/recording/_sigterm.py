@@ -1,9 +1,16 @@
-"""Opt-in SIGTERM handling: write open captures, then die as SIGTERM would have.
+"""Opt-in SIGTERM handling: the signal becomes an orderly end, through the exit path.
 
 Off unless ``TURBOSPARK_ROUTER_HIST_SIGTERM=1`` (as coverage.py's ``sigterm``
 setting): a library must not take over a process's signals uninvited. The
-handler chains to whatever was installed before it, so a runtime's own
-SIGTERM handling still runs, after the capture is safe.
+handler writes nothing itself: it runs the exit path (``_lifecycle.finish_all``,
+the one place that writes at the end) and then dies as SIGTERM would have, or
+chains to whatever was installed before it, so a runtime's own SIGTERM
+handling still runs, after the capture is safe.
+
+Why not raise ``SystemExit`` and let ``atexit`` write: interpreter shutdown
+waits for non-daemon threads (a data-loader thread would turn SIGTERM into a
+hang), a bare ``except:`` in the caller would swallow it, and the process
+would no longer end "killed by SIGTERM" for its supervisor.
 """
 
 from __future__ import annotations
@@ -37,12 +44,12 @@ def requested(environ: Optional[dict[str, str]] = None) -> bool:
     return False
 
 
-def install(close_all: Callable[[], None], write_all: Callable[[], None]) -> None:
+def install(finish_all: Callable[..., None]) -> None:
     """Install the handler once per process (main thread only); later calls do nothing.
 
-    ``close_all`` writes and closes every open capture (before the process
-    dies); ``write_all`` writes them and leaves them open (before chaining to
-    a handler that may let the process go on recording).
+    ``finish_all(close=True)`` writes and closes every pending capture (before
+    the process dies); ``finish_all(close=False)`` writes them and leaves them
+    open (before chaining to a handler that may let the process go on).
     """
     global _installed, _previous, _handler
     with _lock:
@@ -62,11 +69,12 @@ def install(close_all: Callable[[], None], write_all: Callable[[], None]) -> Non
 
         def on_sigterm(signum: int, frame: Any) -> None:
             if callable(previous):
-                write_all()
+                finish_all(close=False)
                 previous(signum, frame)
                 return
-            close_all()
-            # Dying now skips the cleanup of a write this signal interrupted.
+            finish_all(close=True)
+            # A write this signal interrupted was redone by finish_all (its
+            # capture was still pending); dying now skips its cleanup.
             remove_temporaries()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)

@@ -151,10 +151,9 @@ class _Facade(_CoreBase):
         self._batch_lock = threading.RLock()
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
-        with _lifecycle._live_lock:
-            _lifecycle._live.add(self)
+        _lifecycle.register(self)
         if handle_sigterm:
-            _sigterm.install(_lifecycle.close_all, _lifecycle.write_all)
+            _sigterm.install(_lifecycle.finish_all)
 
     @classmethod
     def from_env(cls: type[_Self], num_layers: int, num_experts: int, top_k: int = 0) -> Optional[_Self]:
@@ -301,17 +300,36 @@ class _Facade(_CoreBase):
 
         Only the process that created the recorder writes: a forked child's
         copy closes silently, so it can never overwrite the parent's capture.
+        A write that Ctrl-C cuts short leaves the capture pending, and the
+        exit path writes it (``_lifecycle``).
         """
         if self.closed:
             return
-        if os.getpid() == self._owner_pid:
+        owner = os.getpid() == self._owner_pid
+        if owner:
             self._drain_and_report()
         if not self._mark_closed():
             return
-        with _lifecycle._live_lock:
-            _lifecycle._live.discard(self)
-        if os.getpid() != self._owner_pid:
+        if not owner:
+            _lifecycle.settle(self)
             return
+        self._write_and_report()
+
+    def discard(self) -> None:
+        """Stop recording without writing anything; idempotent, never raises.
+
+        Later records raise ``ValueError`` as after ``close()``; ``to_json()``
+        and ``write(path)`` still give what was recorded.
+        """
+        self._mark_closed()
+        _lifecycle.settle(self)
+
+    def _finish(self, *, close: bool) -> None:
+        """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written."""
+        if not self.closed:
+            self._drain_and_report()
+            if close:
+                self._mark_closed()
         self._write_and_report()
 
     def _drain_and_report(self) -> None:
@@ -321,36 +339,17 @@ class _Facade(_CoreBase):
         except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
             _lifecycle.report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
 
-    def discard(self) -> None:
-        """Stop recording without writing anything; idempotent, never raises.
-
-        Later records raise ``ValueError`` as after ``close()``; ``to_json()``
-        and ``write(path)`` still give what was recorded.
-        """
-        self._mark_closed()
-        with _lifecycle._live_lock:
-            _lifecycle._live.discard(self)
-
     def _write_and_report(self) -> None:
-        if not self.closed:
-            self._drain_and_report()
-        with _lifecycle._live_lock:
-            _lifecycle._writing.add(self)
+        # A KeyboardInterrupt (or a signal handler's exception) propagates and
+        # leaves the capture pending: nothing new is on disk, the exit path retries.
         try:
             self.write()
         except Exception as exc:  # noqa: BLE001 -- close() must never raise
             _lifecycle.report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
-        except BaseException:
-            # Interrupted mid-write (Ctrl-C): nothing new is on disk, so the
-            # exit handler tries again rather than losing the capture.
-            with _lifecycle._live_lock:
-                _lifecycle._interrupted.add(self)
-            raise
         else:
             _lifecycle.report(f"[router-hist] wrote {self._path}")
-        finally:
-            with _lifecycle._live_lock:
-                _lifecycle._writing.discard(self)
+        if self.closed:
+            _lifecycle.settle(self)
 
     def _after_fork_in_child(self) -> None:
         self._batch_lock = threading.RLock()
