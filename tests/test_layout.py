@@ -43,6 +43,21 @@ def test_the_analysis_wing_loads_no_core_and_no_extra() -> None:
     assert loaded_after(imports) == "[]\n"
 
 
+def test_the_wings_do_not_import_the_command_line() -> None:
+    # The command line is a thin layer over the wings, never the other way round.
+    code = (
+        "import sys\n"
+        "from turbospark.analysis import capture, capture_sequences, compare, holdout, merge, metrics\n"
+        "from turbospark.analysis import plot, plot_placement, report, sequences\n"
+        "import turbospark.placement, turbospark.placement.document, turbospark.placement.formats\n"
+        "import turbospark.placement.evaluate, turbospark.placement.samples\n"
+        "from turbospark import RouterHistogram\n"
+        "print(sorted(m for m in sys.modules if m.startswith('turbospark.cli')))\n"
+    )
+    done = run_isolated([sys.executable, "-W", "error", "-c", code], PACKAGE_ROOT, child_env(), 120)
+    assert (done.returncode, done.stderr, done.stdout) == (0, "", "[]\n")
+
+
 def test_the_public_paths_resolve() -> None:
     require_module("torch")
     require_module("transformers")

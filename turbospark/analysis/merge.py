@@ -29,24 +29,11 @@ from typing import Optional
 
 import numpy as np
 
-from ..cli._io import read_capture
 from ..recording._f32display import format_f32_row
 from .capture_sequences import Sequences, layer_passes
 from .capture import Capture
 
-__all__ = ["merge_captures", "merge_files"]
-
-
-def merge_files(paths: list[str]) -> str:
-    """The merged capture JSON of the capture files ``paths`` (at least two).
-
-    Raises ``UsageError`` (from reading) or ``ValueError`` naming the files that do not fit together.
-    """
-    inputs = []
-    for path in paths:
-        capture, seqs = read_capture(path, with_sequences=True)
-        inputs.append((path, capture, seqs))
-    return merge_captures(inputs)
+__all__ = ["merge_captures"]
 
 
 def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> str:

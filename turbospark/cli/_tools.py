@@ -52,10 +52,14 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from ..analysis.merge import merge_files
+    from ..analysis.merge import merge_captures
 
     if len(args.inputs) < 2:
         raise UsageError("merge needs at least two captures")
-    emit(merge_files(args.inputs), args.output)
+    inputs = []
+    for path in args.inputs:
+        capture, seqs = read_capture(path, with_sequences=True)
+        inputs.append((path, capture, seqs))
+    emit(merge_captures(inputs), args.output)
     print(f"merged {len(args.inputs)} captures into {args.output}")
     return 0
