@@ -401,3 +401,16 @@ def test_import_turbospark_imports_neither_torch_nor_this_package() -> None:
     code = "import sys, turbospark; print(sorted(m for m in ('torch', 'transformers', 'turbospark.transformers') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout == "[]\n", done.stderr
+
+
+def test_a_configuration_warning_points_at_the_users_line(tmp_path: Any) -> None:
+    # Raised by the recorder the capture builds, three package frames and
+    # contextlib's __enter__ below the user's `with` line.
+    model = build("mixtral")
+    with pytest.warns(RuntimeWarning) as caught:
+        with capture(model, tmp_path / "c.json", pilot="next"):
+            model(PROMPT[:, :2])
+    assert [(str(w.message), w.filename) for w in caught] == [
+        ("pilot='next' with trace=False: the predictions can never be scored (pilot recall compares them with "
+         "the trace); pass trace=True", __file__)
+    ]

@@ -72,7 +72,7 @@ def _f32_bits(value: float) -> int:
     except OverflowError:
         # struct refuses finite doubles beyond f32 range: not an f32 value.
         raise ValueError(f"{value!r} is not representable as an f32") from None
-    bits = _UNPACK_I(packed)[0]
+    bits: int = _UNPACK_I(packed)[0]
     if _UNPACK_F(packed)[0] != value and value == value:
         raise ValueError(f"{value!r} is not exactly representable as an f32")
     return bits
@@ -217,7 +217,7 @@ def format_f32_row(values: Iterable[float]) -> str:
     finite rows; ``null`` for non-finite entries is deliberate (Rust would
     emit ``NaN`` / ``inf``, which is not JSON).
     """
-    parts = []
+    parts: list[str] = []
     append = parts.append
     for value in values:
         value = float(value)

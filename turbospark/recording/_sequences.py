@@ -74,9 +74,9 @@ def seq_copy(seq: Any, rows: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind == "O":
         values = arr.tolist()
-        bad = next((v for v in values if not isinstance(v, int)), None)
-        if bad is not None:
-            raise TypeError(f"seq must hold integers, found {type(bad).__name__} {bad!r}")
+        stray = next((v for v in values if not isinstance(v, int)), None)
+        if stray is not None:
+            raise TypeError(f"seq must hold integers, found {type(stray).__name__} {stray!r}")
         low, high = min(values), max(values)
     elif arr.dtype.kind in "iu":
         low, high = int(arr.min()), int(arr.max())
