@@ -63,7 +63,7 @@ def main() -> None:
         for name, seconds in best.items():
             print(f"{name:45s} {seconds * 1e6:8.2f} us/call  {seconds / base:5.2f}x record_many")
         for hist in (device_hist, batch_hist, many_hist):
-            hist._mark_closed()
+            hist.discard()
 
 
 if __name__ == "__main__":

@@ -205,3 +205,11 @@ def test_readme_format_example(make: Any) -> None:
     hist.record_batch(0, [[0, 1], [-1, -1], [2, 3]], seq=[7, 8, 9], phase="prompt", mask=[True, False, True])
     assert hist.to_json() == example
     assert turbospark.loads(example).seq[0].tolist() == [7, 9]
+
+
+def test_an_error_in_a_masked_batch_names_the_row_as_the_caller_numbered_it(make: Any) -> None:
+    hist = make(1, 4, 2, trace=True)
+    with pytest.raises(ValueError) as info:
+        hist.record_batch(0, [[0, 1], [-1, -1], [2, 9]], seq=[7, 8, 9], phase="decode", mask=[True, False, True])
+    assert str(info.value) == "expert id 9 at position (2, 1) is out of range for 4 experts"
+    assert hist.to_json() == '{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[0,0,0,0]],"trace":[[]]}'

@@ -532,24 +532,15 @@ def _to_host(side: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def _hand_over(hist: Any, item: _Host) -> None:
+    # The recorder applies the keep mask itself: it validates only the kept
+    # rows, and an error names the row as the call numbered it.
     call = item.call
-    ids = item.ids[item.keep]
     if call.kind == _PREDICTION:
-        # One prediction a pass, each validated by the recorder before any is kept.
-        for row in _validated(hist, ids):
-            hist.record_prediction(call.layer, row)
+        hist.record_prediction_many(call.layer, item.ids, mask=item.keep)
     elif call.phase != _NO_PHASE:
-        hist.record_batch(call.layer, ids, seq=item.seq[item.keep], phase=_sequences.PHASE_NAMES[call.phase])
-    elif ids.shape[0]:
-        hist.record_many(call.layer, ids)
-
-
-def _validated(hist: Any, ids: np.ndarray) -> np.ndarray:
-    """Raise as the recorder would for the first bad id of a block of predictions, before recording any."""
-    if ids.size and (ids.min() < 0 or ids.max() >= hist.num_experts):
-        flat = int(np.nonzero((ids.ravel() < 0) | (ids.ravel() >= hist.num_experts))[0][0])
-        raise _errors.id_range(int(ids.ravel()[flat]), (flat // ids.shape[1], flat % ids.shape[1]), hist.num_experts)
-    return ids
+        hist.record_batch(call.layer, item.ids, seq=item.seq, phase=_sequences.PHASE_NAMES[call.phase], mask=item.keep)
+    else:
+        hist.record_many(call.layer, item.ids, mask=item.keep)
 
 
 @contextmanager

@@ -237,16 +237,18 @@ class _Facade(_CoreBase):
             rows = block.shape[0]
             seq_ids = _sequences.seq_copy(seq, rows)
             keep = _sequences.mask_copy(mask, rows)
+            # The core selects the kept rows itself, so an error names the
+            # row as the caller numbered it.
+            self.record_many(index, block, mask=keep)
             if keep is not None:
-                block, seq_ids = block[keep], seq_ids[keep]
-            self.record_many(index, block)
-            if block.shape[0] == 0:
+                seq_ids = seq_ids[keep]
+            if seq_ids.shape[0] == 0:
                 return
             if self._columns is None:
                 self._columns = _sequences.SequenceColumns(self.num_layers)
             # The kept rows are the layer's newest passes.
             passes = int(self._passes_array()[index])
-            self._columns.extend(index, passes - block.shape[0], seq_ids, code)
+            self._columns.extend(index, passes - seq_ids.shape[0], seq_ids, code)
 
     def _document(self) -> bytes:
         """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
