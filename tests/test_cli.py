@@ -14,11 +14,8 @@ import pytest
 import turbospark
 from conftest import require_module
 from turbospark.cli import main
+from capture_helpers import RUST_TRACE
 
-RUST_TRACE = (
-    '{"num_layers":2,"num_experts":3,"top_k":2,'
-    '"counts":[[1,1,2],[0,2,0]],"trace":[[2,0,2,1],[1,1]]}'
-)
 EXPECTED_JSON = (
     '{"num_layers": 2, "num_experts": 3, "top_k": 2, "random_recall_baseline": 0.6666666666666666, '
     '"checks": {"counts_sum_ok": true, "trace_matches_counts": true}, "layers": ['
