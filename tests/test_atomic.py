@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple
 
 import pytest
 
-from childproc import run_script
+from childproc import run_script, run_with_files
 from conftest import unprivileged
 from turbospark import RouterHistogram
 from capture_helpers import DOC, ONE_PASS, fill, leftovers
@@ -332,22 +332,18 @@ def test_a_failed_write_at_exit_is_reported_once_without_a_traceback(
 
 
 def test_one_failed_write_at_exit_does_not_stop_the_others(tmp_path: pathlib.Path) -> None:
-    good_a, good_b = tmp_path / "a.json", tmp_path / "b.json"
-    bad = tmp_path / "gone" / "c.json"
-    result = run_script(
+    result, (good_a, good_b, bad) = run_with_files(
         tmp_path,
         """
-        a = R(sys.argv[1], 1, 2)
-        os.mkdir(os.path.dirname(sys.argv[3]))
-        c = R(sys.argv[3], 1, 2)
-        os.rmdir(os.path.dirname(sys.argv[3]))  # gone by the time of the write
-        b = R(sys.argv[2], 1, 2)
+        a = R(a_path, 1, 2)
+        os.mkdir(os.path.dirname(c_path))
+        c = R(c_path, 1, 2)
+        os.rmdir(os.path.dirname(c_path))  # gone by the time of the write
+        b = R(b_path, 1, 2)
         for hist in (a, b, c):
             hist.record(0, [1])
         """,
-        str(good_a),
-        str(good_b),
-        str(bad),
+        {"a_path": "a.json", "b_path": "b.json", "c_path": "gone/c.json"},
     )
     assert result.returncode == 0
     assert sorted(result.stderr.splitlines()) == sorted(

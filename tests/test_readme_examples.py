@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import turbospark
+from childproc import run_isolated
 from conftest import require_module
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -110,13 +111,12 @@ def mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     require_module("mypy")
     (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
     (tmp_path / "example.py").write_text(source)
-    return subprocess.run(
+    # Not child_env: mypy finds turbospark through MYPYPATH, as a user's would.
+    return run_isolated(
         [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", str(tmp_path / "cache"), "example.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MYPYPATH": _package_root()},
-        check=False,
+        str(tmp_path),
+        {**os.environ, "MYPYPATH": _package_root()},
+        600,
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import turbospark
+from childproc import child_env, run_isolated
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -36,15 +36,11 @@ def shell(tmp_path: Path) -> dict[str, str]:
     wrapper = bin_dir / "turbospark"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m turbospark "$@"\n')
     wrapper.chmod(0o755)
-    env = dict(os.environ)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    package_parent = str(Path(turbospark.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-    return env
+    return child_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
 
 
 def run(line: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    done = run_isolated(["bash", "-c", line], str(cwd), env, 300)
     assert done.returncode == 0, (line, done.stderr)
     return done
 
