@@ -15,8 +15,7 @@ from typing import Any
 import turbospark
 from childproc import run_isolated
 from conftest import require_module
-
-README = Path(__file__).resolve().parent.parent / "README.md"
+from readme_blocks import block_after
 
 # Stand-ins for the model the decode-loop example leaves to the reader, typed
 # so that mypy checks the example's own calls.
@@ -40,9 +39,7 @@ def experts(layer: int, hidden: int, ids: list[int]) -> int:
 
 def example(name: str) -> str:
     """The fenced Python block that follows ``<!-- example: NAME -->`` in the README."""
-    found = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", README.read_text(), re.S)
-    assert found is not None, f"README has no example {name!r}"
-    return found.group(1)
+    return block_after(f"example: {name}", "python")
 
 
 def run(source: str, tmp_path: Path, monkeypatch: Any) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +11,11 @@ from pathlib import Path
 import pytest
 
 from childproc import child_env, run_isolated
-
-README = Path(__file__).resolve().parents[1] / "README.md"
-
+from readme_blocks import block_after
 
 def block(marker: str) -> str:
-    """The fenced block right after ``<!-- test: MARKER -->`` (then optional prose) in the README."""
-    text = README.read_text()
-    match = re.search(rf"<!-- test: {marker} -->\s*```[a-z]*\n(.*?)```", text, re.S)
-    assert match, f"no block marked {marker}"
-    return match.group(1)
+    """The fenced block right after ``<!-- test: MARKER -->`` in the README."""
+    return block_after(f"test: {marker}")
 
 
 def commands(marker: str) -> list[str]:
