@@ -3,6 +3,11 @@
 The child imports the same turbospark as the test process, with the same
 backend, and runs in its own session: a hang kills its whole process group
 (forked workers included) and fails the test, so no stray process outlives it.
+
+Which helper: ``run_script`` (or ``run_with_files``, which also binds the
+script's file paths) for a test script after PREAMBLE; ``run_python`` for
+``python -c``/``-m``; ``run_isolated`` for any other command or environment.
+``split_at`` cuts a child's stderr at a marker line it printed.
 """
 
 from __future__ import annotations
@@ -88,9 +93,10 @@ def run_with_files(
 ) -> tuple[subprocess.CompletedProcess[str], list[pathlib.Path]]:
     """``run_script`` with each name of ``files`` bound, in the script, to its file under tmp_path.
 
-    ``files`` maps a script variable to a file name (``{"path": "c.json"}``);
-    the paths come first in the script's sys.argv, then ``args``. Returns the
-    result and the paths, in the order of ``files``.
+    ``files`` maps a script variable to a path relative to tmp_path
+    (``{"path": "c.json", "bad": "gone/x.json"}``); the paths come first in
+    the script's sys.argv, then ``args``. Returns the result and the paths
+    (``pathlib.Path``), in the order of ``files``.
     """
     paths = [tmp_path / name for name in files.values()]
     binding = "".join(f"{name} = sys.argv[{i}]\n" for i, name in enumerate(files, start=1))
