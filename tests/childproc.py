@@ -3,6 +3,11 @@
 The child imports the same turbospark as the test process, with the same
 backend, and runs in its own session: a hang kills its whole process group
 (forked workers included) and fails the test, so no stray process outlives it.
+
+Which helper: ``run_script`` (or ``run_with_files``, which also binds the
+script's file paths) for a test script after PREAMBLE; ``run_python`` for
+``python -c``/``-m``; ``run_isolated`` for any other command or environment.
+``split_at`` cuts a child's stderr at a marker line it printed.
 """
 
 from __future__ import annotations
@@ -58,6 +63,17 @@ def run_isolated(argv: list[str], cwd: str, env: dict[str, str], timeout: float)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def run_python(
+    *args: str, cwd: str = PACKAGE_ROOT, env: Optional[dict[str, str]] = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run this interpreter with ``args`` (``-c CODE``, ``-m MODULE ...``) under ``child_env(env)``, isolated.
+
+    ``-c`` and ``-m`` put the working directory first on sys.path: the
+    default ``cwd`` is where this turbospark lives, never beside another one.
+    """
+    return run_isolated([sys.executable, *args], cwd, child_env(env), timeout)
+
+
 def run_script(
     tmp_path: pathlib.Path, code: str, *args: str, env: Optional[dict[str, str]] = None, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
@@ -65,3 +81,35 @@ def run_script(
     script = tmp_path / "script.py"
     script.write_text(PREAMBLE + textwrap.dedent(code))
     return run_isolated([sys.executable, str(script), *args], str(tmp_path), child_env(env), timeout)
+
+
+def run_with_files(
+    tmp_path: pathlib.Path,
+    code: str,
+    files: dict[str, str],
+    *args: str,
+    env: Optional[dict[str, str]] = None,
+    timeout: float = 30,
+) -> tuple[subprocess.CompletedProcess[str], list[pathlib.Path]]:
+    """``run_script`` with each name of ``files`` bound, in the script, to its file under tmp_path.
+
+    ``files`` maps a script variable to a path relative to tmp_path
+    (``{"path": "c.json", "bad": "gone/x.json"}``); the paths come first in
+    the script's sys.argv, then ``args``. Returns the result and the paths
+    (``pathlib.Path``), in the order of ``files``.
+    """
+    paths = [tmp_path / name for name in files.values()]
+    binding = "".join(f"{name} = sys.argv[{i}]\n" for i, name in enumerate(files, start=1))
+    result = run_script(tmp_path, binding + textwrap.dedent(code), *map(str, paths), *args, env=env, timeout=timeout)
+    return result, paths
+
+
+def split_at(stderr: str, marker: str) -> tuple[list[str], list[str]]:
+    """stderr lines before and after the first line starting with ``marker`` (which is dropped).
+
+    A child prints ``marker`` to separate what came before it (a forked
+    process's output, a script's body) from what came after (its exit).
+    """
+    lines = stderr.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(marker))
+    return lines[:at], lines[at + 1:]

@@ -1,4 +1,4 @@
-"""Fenced code blocks of the README, found by a line they contain (not a test module)."""
+"""Fenced code blocks of the README, found by a line they contain or by the comment above them (not a test module)."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ def block(marker: str) -> str:
             found.append(text)
     assert len(found) == 1, f"{len(found)} README blocks contain {marker!r}"
     return found[0]
+
+
+def block_after(comment: str, language: str = r"[a-z]*") -> str:
+    """The fenced block (in ``language``, a regex) right after ``<!-- COMMENT -->`` in README.md; fails if none."""
+    found = re.search(rf"<!-- {comment} -->\s*```{language}\n(.*?)```", README.read_text(), re.S)
+    assert found is not None, f"README has no {language} block after <!-- {comment} -->"
+    return found.group(1)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import naive_analysis as naive
+from capture_helpers import RUST_TRACE
 
 from turbospark.analysis import (
     analyze,
@@ -40,10 +41,7 @@ def ids(rows: list[list[int]]) -> np.ndarray:
 
 
 # The reference's trace example: layer 0 routes (2,0) then (2,1); layer 1 (1,1).
-RUST = {
-    "num_layers": 2, "num_experts": 3, "top_k": 2,
-    "counts": [[1, 1, 2], [0, 2, 0]], "trace": [[2, 0, 2, 1], [1, 1]],
-}
+RUST = json.loads(RUST_TRACE)
 
 
 def test_reference_example_by_hand() -> None:

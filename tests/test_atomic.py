@@ -22,14 +22,14 @@ import os
 import pathlib
 import stat
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pytest
 
-from childproc import run_script
+from childproc import run_script, run_with_files
 from conftest import unprivileged
 from turbospark import RouterHistogram
-from capture_helpers import DOC, fill, leftovers
+from capture_helpers import DOC, ONE_PASS, fill, leftovers
 
 
 EARLIER = b'{"num_layers":1,"earlier":"capture, which must survive byte for byte"}'
@@ -76,8 +76,17 @@ def _raiser(error: BaseException) -> Callable[..., Any]:
     return fail
 
 
-def _inject(monkeypatch: pytest.MonkeyPatch, point: str, error: OSError) -> None:
-    """Make the atomic write fail at ``point`` with ``error``."""
+class Failure(NamedTuple):
+    """Where the atomic write fails, with which error, and how the report shows it."""
+
+    point: str
+    error: OSError
+    shown: str
+
+
+def _inject(monkeypatch: pytest.MonkeyPatch, failure: Failure) -> None:
+    """Make the atomic write fail at ``failure.point`` with ``failure.error``."""
+    point, error = failure.point, failure.error
     if point in ("write", "flush"):
         real_fdopen = os.fdopen
 
@@ -91,39 +100,43 @@ def _inject(monkeypatch: pytest.MonkeyPatch, point: str, error: OSError) -> None
         monkeypatch.setattr(os, point, _raiser(error))
 
 
+def _earlier(directory: pathlib.Path) -> pathlib.Path:
+    """directory/capture.json, holding EARLIER: the capture a failed write must leave whole."""
+    target = directory / "capture.json"
+    target.write_bytes(EARLIER)
+    return target
+
+
 FAILURES = [
-    ("write", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
-    ("write", OSError(errno.EDQUOT, "Disk quota exceeded"), "Disk quota exceeded (os error 122)"),
-    ("flush", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
-    ("fsync", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
-    ("mkstemp", PermissionError(errno.EACCES, "Permission denied"), "Permission denied (os error 13)"),
-    ("mkstemp", OSError(errno.EROFS, "Read-only file system"), "Read-only file system (os error 30)"),
-    ("mkstemp", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
-    ("chmod", PermissionError(errno.EPERM, "Operation not permitted"), "Operation not permitted (os error 1)"),
-    ("replace", PermissionError(errno.EACCES, "Permission denied"), "Permission denied (os error 13)"),
-    ("replace", OSError(errno.EXDEV, "Invalid cross-device link"), "Invalid cross-device link (os error 18)"),
+    Failure("write", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
+    Failure("write", OSError(errno.EDQUOT, "Disk quota exceeded"), "Disk quota exceeded (os error 122)"),
+    Failure("flush", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
+    Failure("fsync", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
+    Failure("mkstemp", PermissionError(errno.EACCES, "Permission denied"), "Permission denied (os error 13)"),
+    Failure("mkstemp", OSError(errno.EROFS, "Read-only file system"), "Read-only file system (os error 30)"),
+    Failure("mkstemp", OSError(errno.ENOSPC, "No space left on device"), "No space left on device (os error 28)"),
+    Failure("chmod", PermissionError(errno.EPERM, "Operation not permitted"), "Operation not permitted (os error 1)"),
+    Failure("replace", PermissionError(errno.EACCES, "Permission denied"), "Permission denied (os error 13)"),
+    Failure("replace", OSError(errno.EXDEV, "Invalid cross-device link"), "Invalid cross-device link (os error 18)"),
 ]
 FAILURE_IDS = [f"{point}-{errno.errorcode[error.errno]}" for point, error, _ in FAILURES]
 
 
-@pytest.mark.parametrize(("point", "error", "shown"), FAILURES, ids=FAILURE_IDS)
+@pytest.mark.parametrize("failure", FAILURES, ids=FAILURE_IDS)
 def test_a_failed_close_keeps_the_earlier_file_and_reports_once(
     make: Callable[..., Any],
     tmp_path: pathlib.Path,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
-    point: str,
-    error: OSError,
-    shown: str,
+    failure: Failure,
 ) -> None:
-    target = tmp_path / "capture.json"
-    target.write_bytes(EARLIER)
+    target = _earlier(tmp_path)
     target.chmod(0o604)
     hist = fill(make(2, 3, trace=True))
-    _inject(monkeypatch, point, error)
+    _inject(monkeypatch, failure)
     hist.close()  # must not raise
     monkeypatch.undo()
-    assert capfd.readouterr().err == f"[router-hist] FAILED writing {target}: {shown}\n"
+    assert capfd.readouterr().err == f"[router-hist] FAILED writing {target}: {failure.shown}\n"
     assert target.read_bytes() == EARLIER
     assert stat.S_IMODE(target.stat().st_mode) == 0o604
     assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.json"]
@@ -138,41 +151,34 @@ def test_a_failed_close_keeps_the_earlier_file_and_reports_once(
     assert target.read_text() == DOC
 
 
-@pytest.mark.parametrize(("point", "error", "shown"), FAILURES, ids=FAILURE_IDS)
+@pytest.mark.parametrize("failure", FAILURES, ids=FAILURE_IDS)
 def test_a_failed_write_raises_the_os_error_and_keeps_the_earlier_file(
-    make: Callable[..., Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, point: str, error: OSError, shown: str
+    make: Callable[..., Any], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, failure: Failure
 ) -> None:
-    target = tmp_path / "capture.json"
-    target.write_bytes(EARLIER)
+    target = _earlier(tmp_path)
     hist = fill(make(2, 3, trace=True))
-    _inject(monkeypatch, point, error)
+    _inject(monkeypatch, failure)
     with pytest.raises(OSError) as info:
         hist.write()
     monkeypatch.undo()
-    assert info.value.errno == error.errno
+    assert info.value.errno == failure.error.errno
     assert target.read_bytes() == EARLIER
     assert leftovers(tmp_path) == []
     assert not hist.closed
 
 
-@pytest.mark.parametrize(("point", "error", "shown"), FAILURES[:1] + FAILURES[4:5], ids=FAILURE_IDS[:1] + FAILURE_IDS[4:5])
+@pytest.mark.parametrize("failure", FAILURES[:1] + FAILURES[4:5], ids=FAILURE_IDS[:1] + FAILURE_IDS[4:5])
 def test_a_failed_write_at_drop_is_reported_once_and_not_raised(
-    tmp_path: pathlib.Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
-    point: str,
-    error: OSError,
-    shown: str,
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], failure: Failure
 ) -> None:
     # The autouse guard in conftest fails the test on "Exception ignored".
-    target = tmp_path / "capture.json"
-    target.write_bytes(EARLIER)
+    target = _earlier(tmp_path)
     hist = fill(RouterHistogram(str(target), 2, 3, trace=True))
-    _inject(monkeypatch, point, error)
+    _inject(monkeypatch, failure)
     del hist
     gc.collect()
     monkeypatch.undo()
-    assert capfd.readouterr().err == f"[router-hist] FAILED writing {target}: {shown}\n"
+    assert capfd.readouterr().err == f"[router-hist] FAILED writing {target}: {failure.shown}\n"
     assert target.read_bytes() == EARLIER
     assert leftovers(tmp_path) == []
 
@@ -191,9 +197,8 @@ def test_a_directory_removed_under_the_recorder(make: Callable[..., Any], tmp_pa
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
 def test_a_read_only_directory(read_only_dir: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
-    target = read_only_dir / "capture.json"
     read_only_dir.chmod(0o755)  # writable while the earlier file and the recorder are made
-    target.write_bytes(EARLIER)
+    target = _earlier(read_only_dir)
     hist = fill(RouterHistogram(str(target), 2, 3, trace=True))
     read_only_dir.chmod(0o555)
     with unprivileged():  # root would write anyway: close as nobody
@@ -212,8 +217,7 @@ def test_every_write_is_a_complete_synced_temporary_file_renamed_into_place(
 ) -> None:
     real_dir = tmp_path / "real"
     real_dir.mkdir()
-    target = real_dir / "capture.json"
-    target.write_bytes(EARLIER)
+    target = _earlier(real_dir)
     path = target
     if how == "symlink":
         path = tmp_path / "latest.json"
@@ -328,22 +332,18 @@ def test_a_failed_write_at_exit_is_reported_once_without_a_traceback(
 
 
 def test_one_failed_write_at_exit_does_not_stop_the_others(tmp_path: pathlib.Path) -> None:
-    good_a, good_b = tmp_path / "a.json", tmp_path / "b.json"
-    bad = tmp_path / "gone" / "c.json"
-    result = run_script(
+    result, (good_a, good_b, bad) = run_with_files(
         tmp_path,
         """
-        a = R(sys.argv[1], 1, 2)
-        os.mkdir(os.path.dirname(sys.argv[3]))
-        c = R(sys.argv[3], 1, 2)
-        os.rmdir(os.path.dirname(sys.argv[3]))  # gone by the time of the write
-        b = R(sys.argv[2], 1, 2)
+        a = R(a_path, 1, 2)
+        os.mkdir(os.path.dirname(c_path))
+        c = R(c_path, 1, 2)
+        os.rmdir(os.path.dirname(c_path))  # gone by the time of the write
+        b = R(b_path, 1, 2)
         for hist in (a, b, c):
             hist.record(0, [1])
         """,
-        str(good_a),
-        str(good_b),
-        str(bad),
+        {"a_path": "a.json", "b_path": "b.json", "c_path": "gone/c.json"},
     )
     assert result.returncode == 0
     assert sorted(result.stderr.splitlines()) == sorted(
@@ -353,4 +353,4 @@ def test_one_failed_write_at_exit_does_not_stop_the_others(tmp_path: pathlib.Pat
             f"[router-hist] FAILED writing {bad}: No such file or directory (os error 2)",
         ]
     )
-    assert good_a.read_text() == good_b.read_text() == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}'
+    assert good_a.read_text() == good_b.read_text() == ONE_PASS

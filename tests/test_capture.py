@@ -14,17 +14,7 @@ from hypothesis import strategies as st
 
 from turbospark.analysis import capture as capture_module
 from turbospark.analysis.capture import Capture, load, loads
-
-# The reference's own unit-test outputs (router_hist.rs), byte for byte.
-RUST_COUNTS = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,1,2],[0,2,0]]}'
-RUST_TRACE = (
-    '{"num_layers":2,"num_experts":3,"top_k":2,'
-    '"counts":[[1,1,2],[0,2,0]],"trace":[[2,0,2,1],[1,1]]}'
-)
-RUST_PILOT = (
-    '{"num_layers":2,"num_experts":3,"top_k":2,'
-    '"counts":[[1,0,1],[1,1,0]],"trace":[[2,0],[1,0]],"pred":[[],[1,2]]}'
-)
+from capture_helpers import RUST_COUNTS, RUST_PILOT, RUST_TRACE
 
 
 def compact(doc: dict[str, Any]) -> str:
@@ -132,7 +122,7 @@ def test_missing_file_raises_oserror(tmp_path: Path) -> None:
         load(tmp_path / "absent.json")
 
 
-BASE = {"num_layers": 2, "num_experts": 3, "top_k": 2, "counts": [[1, 1, 2], [0, 2, 0]]}
+BASE = json.loads(RUST_COUNTS)
 
 
 def variant(**changes: Any) -> str:

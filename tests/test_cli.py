@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import turbospark
+from childproc import run_python
 from conftest import require_module
 from turbospark.cli import main
+from capture_helpers import RUST_TRACE
 
-RUST_TRACE = (
-    '{"num_layers":2,"num_experts":3,"top_k":2,'
-    '"counts":[[1,1,2],[0,2,0]],"trace":[[2,0,2,1],[1,1]]}'
-)
 EXPECTED_JSON = (
     '{"num_layers": 2, "num_experts": 3, "top_k": 2, "random_recall_baseline": 0.6666666666666666, '
     '"checks": {"counts_sum_ok": true, "trace_matches_counts": true}, "layers": ['
@@ -159,13 +154,8 @@ def test_no_command_prints_help_and_exits_2(capfd: pytest.CaptureFixture[str]) -
 
 def test_python_dash_m_runs_the_same_cli(tmp_path: Path) -> None:
     path = write(tmp_path, RUST_TRACE)
-    env = dict(os.environ)
-    # The child imports the same turbospark as this process, installed or from the tree.
-    package_parent = str(Path(turbospark.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "turbospark", "analyze", path, "--json", "--window", "1", "--window", "2", "--cache", "2"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    done = run_python(
+        "-m", "turbospark", "analyze", path, "--json", "--window", "1", "--window", "2", "--cache", "2", cwd=str(tmp_path)
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, EXPECTED_JSON, "")
 

@@ -19,9 +19,9 @@ from conftest import require_module
 from turbospark.cli import _progress, simulate
 from turbospark.cli import main
 from turbospark.cli.demo import NEXT_STEPS
+from capture_helpers import RUST_TRACE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CAPTURE = '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,1,2],[0,2,0]],"trace":[[2,0,2,1],[1,1]]}'
 
 
 def write(tmp_path: pathlib.Path, text: str, name: str = "c.json") -> str:
@@ -39,7 +39,7 @@ def test_version(capfd: pytest.CaptureFixture[str]) -> None:
 
 
 def test_analyse_is_analyze(tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, CAPTURE)
+    path = write(tmp_path, RUST_TRACE)
     assert main(["analyze", path, "--json", "--cache", "2"]) == 0
     american = capfd.readouterr().out
     assert main(["analyse", path, "--json", "--cache", "2"]) == 0
@@ -61,9 +61,9 @@ def test_the_license_matches_the_metadata() -> None:
     [
         ("", "the capture is empty (was it written?)"),
         ("\n", "the capture is empty (was it written?)"),
-        (CAPTURE[:40], "the capture is truncated: it stops at byte 40, before the document is complete "
+        (RUST_TRACE[:40], "the capture is truncated: it stops at byte 40, before the document is complete "
                        "(was it cut short, or still being written?)"),
-        (CAPTURE[:30] + "\n", "the capture is truncated: it stops at byte 30, before the document is complete "
+        (RUST_TRACE[:30] + "\n", "the capture is truncated: it stops at byte 30, before the document is complete "
                               "(was it cut short, or still being written?)"),
     ],
 )
@@ -78,7 +78,7 @@ def test_an_empty_or_truncated_capture_says_so(
 def test_plot_without_an_extension_writes_png_and_says_so(tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
     require_module("matplotlib")
     out = tmp_path / "noext"
-    assert main(["plot", write(tmp_path, CAPTURE), "-o", str(out)]) == 0
+    assert main(["plot", write(tmp_path, RUST_TRACE), "-o", str(out)]) == 0
     assert capfd.readouterr().out == f"wrote {out}.png ({str(out)!r} has no extension: PNG)\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "noext.png"]
     assert (tmp_path / "noext.png").read_bytes()[:4] == b"\x89PNG"
@@ -87,7 +87,7 @@ def test_plot_without_an_extension_writes_png_and_says_so(tmp_path: pathlib.Path
 def test_plot_to_an_unknown_format_exits_2(tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:
     require_module("matplotlib")
     out = tmp_path / "fig.nope"
-    assert main(["plot", write(tmp_path, CAPTURE), "-o", str(out)]) == 2
+    assert main(["plot", write(tmp_path, RUST_TRACE), "-o", str(out)]) == 2
     err = capfd.readouterr().err
     assert err.startswith(f"turbospark: cannot write {out}: Format 'nope' is not supported") and err.count("\n") == 1
     assert not out.exists()
@@ -112,7 +112,7 @@ def test_a_demo_whose_write_fails_reports_once_and_never_analyses_a_stale_file(
     tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "d.json"
-    out.write_text(CAPTURE)  # an earlier capture at that path must not pass for this run's
+    out.write_text(RUST_TRACE)  # an earlier capture at that path must not pass for this run's
 
     def full(*args: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -121,7 +121,7 @@ def test_a_demo_whose_write_fails_reports_once_and_never_analyses_a_stale_file(
     assert main(["demo", "--out", str(out), "--layers", "2", "--passes", "5"]) == 2
     captured = capfd.readouterr()
     assert (captured.out, captured.err) == ("", f"[router-hist] FAILED writing {out}: No space left on device (os error 28)\n")
-    assert out.read_text() == CAPTURE
+    assert out.read_text() == RUST_TRACE
 
 
 def test_the_demo_says_its_routing_is_simulated_and_what_next(tmp_path: pathlib.Path, capfd: pytest.CaptureFixture[str]) -> None:

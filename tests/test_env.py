@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from turbospark import RouterHistogram
+from capture_helpers import ONE_PASS
 
 HIST = "TURBOSPARK_ROUTER_HIST"
 TRACE = "TURBOSPARK_ROUTER_TRACE"
@@ -52,6 +53,15 @@ def from_env(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     yield factory
     for recorder in made:
         recorder.discard()
+
+
+def _with_settings(
+    from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], num_layers: int = 2
+) -> Any:
+    """Set each variable of ``settings``, then return ``from_env(num_layers, 3)``."""
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    return from_env(num_layers, 3)
 
 
 # --- when recording is off -------------------------------------------------
@@ -154,7 +164,7 @@ def test_a_relative_env_path_is_kept_as_given(
     assert hist.path == "relative.json"
     hist.record(0, [1])
     hist.close()
-    assert (tmp_path / "relative.json").read_text() == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}'
+    assert (tmp_path / "relative.json").read_text() == ONE_PASS
     assert capfd.readouterr().err == "[router-hist] wrote relative.json\n"
 
 
@@ -165,8 +175,7 @@ def test_a_relative_env_path_is_kept_as_given(
 def test_any_trace_value_turns_the_trace_on(
     value: str, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(TRACE, value)
-    hist = from_env(2, 3)
+    hist = _with_settings(from_env, monkeypatch, {TRACE: value})
     assert hist.trace_enabled
     hist.record(0, [2, 0])
     assert hist.to_json() == (
@@ -188,9 +197,7 @@ def test_no_trace_variable_no_trace(from_env: Callable[..., Any]) -> None:
 def test_any_probe_value_turns_the_probe_on(
     value: str, offset: int, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(PILOT, value)
-    monkeypatch.setenv(TRACE, "1")
-    hist = from_env(2, 3)
+    hist = _with_settings(from_env, monkeypatch, {PILOT: value, TRACE: "1"})
     assert hist.pilot_enabled()
     assert hist.pilot_offset() == offset
     hist.record(0, [2, 0])
@@ -209,11 +216,7 @@ def test_no_probe_variable_no_probe(from_env: Callable[..., Any]) -> None:
 
 
 def test_every_option_at_once(from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(TRACE, "0")
-    monkeypatch.setenv(PILOT, "self")
-    monkeypatch.setenv(LAYER, "1")
-    monkeypatch.setenv(PASS, "0")
-    hist = from_env(2, 3)
+    hist = _with_settings(from_env, monkeypatch, {TRACE: "0", PILOT: "self", LAYER: "1", PASS: "0"})
     assert hist.to_json() == (
         EMPTY_2x3 + ',"trace":[[],[]],"pred":[[],[]],"router_logits":{"layer":1,"pass":0,"values":null}}'
     )
@@ -238,9 +241,7 @@ def test_every_option_at_once(from_env: Callable[..., Any], monkeypatch: pytest.
 def test_pass_values_rust_accepts(
     text: str, value: int, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(LAYER, "0")
-    monkeypatch.setenv(PASS, text)
-    hist = from_env(2, 3)
+    hist = _with_settings(from_env, monkeypatch, {LAYER: "0", PASS: text})
     assert hist.to_json() == EMPTY_2x3 + f',"router_logits":{{"layer":0,"pass":{value},"values":null}}}}'
 
 
@@ -248,9 +249,7 @@ def test_pass_values_rust_accepts(
 def test_layer_values_rust_accepts(
     text: str, value: int, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(LAYER, text)
-    monkeypatch.setenv(PASS, "3")
-    hist = from_env(2, 3)
+    hist = _with_settings(from_env, monkeypatch, {LAYER: text, PASS: "3"})
     assert hist.to_json() == EMPTY_2x3 + f',"router_logits":{{"layer":{value},"pass":3,"values":null}}}}'
 
 
@@ -294,14 +293,20 @@ def _assert_ignored(
     assert hist.to_json() == '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,0,1],[0,0,0]]}'
 
 
+def _from_env_warning(
+    from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], num_layers: int = 2
+) -> tuple[pytest.WarningsRecorder, Any]:
+    """``_with_settings``, which must warn (RuntimeWarning): returns the warnings and the recorder."""
+    with pytest.warns(RuntimeWarning) as record:
+        hist = _with_settings(from_env, monkeypatch, settings, num_layers)
+    return record, hist
+
+
 @pytest.mark.parametrize("text", REJECTED)
 def test_a_pass_rust_rejects_is_ignored_with_a_warning(
     text: str, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(LAYER, "0")
-    monkeypatch.setenv(PASS, text)
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(2, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {LAYER: "0", PASS: text})
     assert len(record) == 1
     _assert_ignored(record, hist, [f"{PASS}={text!r}", "not a non-negative integer"])
 
@@ -310,19 +315,13 @@ def test_a_pass_rust_rejects_is_ignored_with_a_warning(
 def test_a_layer_rust_rejects_is_ignored_with_a_warning(
     text: str, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(LAYER, text)
-    monkeypatch.setenv(PASS, "0")
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(2, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {LAYER: text, PASS: "0"})
     assert len(record) == 1
     _assert_ignored(record, hist, [f"{LAYER}={text!r}", "not a non-negative integer"])
 
 
 def test_both_unparsable_warn_about_each(from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LAYER, "one")
-    monkeypatch.setenv(PASS, "-1")
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(2, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {LAYER: "one", PASS: "-1"})
     assert len(record) == 2
     _assert_ignored(record, hist, [f"{LAYER}='one'", f"{PASS}='-1'"])
 
@@ -331,10 +330,7 @@ def test_both_unparsable_warn_about_each(from_env: Callable[..., Any], monkeypat
 def test_a_layer_past_the_model_is_ignored_with_a_warning(
     text: str, num_layers: int, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(LAYER, text)
-    monkeypatch.setenv(PASS, "0")
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(num_layers, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {LAYER: text, PASS: "0"}, num_layers)
     assert len(record) == (1 if num_layers else 2)
     message = str(record[0].message)
     assert f"{LAYER}={text!r}" in message
@@ -347,9 +343,7 @@ def test_a_layer_past_the_model_is_ignored_with_a_warning(
 
 
 def test_the_last_layer_is_in_range(from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LAYER, "1")
-    monkeypatch.setenv(PASS, "0")
-    hist = from_env(2, 3)
+    hist = _with_settings(from_env, monkeypatch, {LAYER: "1", PASS: "0"})
     assert hist.to_json() == EMPTY_2x3 + ',"router_logits":{"layer":1,"pass":0,"values":null}}'
 
 
@@ -357,27 +351,20 @@ def test_the_last_layer_is_in_range(from_env: Callable[..., Any], monkeypatch: p
 def test_only_one_coordinate_is_ignored_with_a_warning(
     present: str, missing: str, from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(present, "1")
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(2, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {present: "1"})
     assert len(record) == 1
     _assert_ignored(record, hist, [f"{present}='1'", f"{missing} is not set"])
 
 
 def test_only_one_coordinate_and_unparsable(from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(PASS, "x")
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(2, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {PASS: "x"})
     _assert_ignored(record, hist, [f"{PASS}='x'", f"{LAYER} is not set"])
 
 
 def test_an_empty_coordinate_counts_as_set_but_unparsable(
     from_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(LAYER, "")
-    monkeypatch.setenv(PASS, "")
-    with pytest.warns(RuntimeWarning) as record:
-        hist = from_env(2, 3)
+    record, hist = _from_env_warning(from_env, monkeypatch, {LAYER: "", PASS: ""})
     assert len(record) == 2
     _assert_ignored(record, hist, [f"{LAYER}=''", f"{PASS}=''"])
 

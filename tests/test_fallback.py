@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import turbospark
+from childproc import run_isolated
 
 CAPTURE = '{"num_layers":1,"num_experts":3,"top_k":2,"counts":[[1,0,1]],"trace":[[2,0]]}'
 
@@ -34,9 +35,9 @@ PRELUDE = "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable
 
 def run(root: pathlib.Path, code: str, *options: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in the checkout; -c puts the working directory first on sys.path."""
+    # Not child_env: this child must find no turbospark but the checkout's, and choose its backend itself.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSPARK_") and k != "PYTHONPATH"}
-    argv = [sys.executable, *options, "-c", PRELUDE + code]
-    return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    return run_isolated([sys.executable, *options, "-c", PRELUDE + code], str(root), env, 120)
 
 
 def test_analyze_from_a_checkout_neither_imports_the_core_nor_warns(tmp_path: pathlib.Path) -> None:

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from childproc import run_script
+from childproc import run_with_files, split_at
 from capture_helpers import leftovers
 
 
@@ -34,17 +34,10 @@ CHILD_DOC = (
 )
 
 
-def split_at(stderr: str, marker: str) -> tuple[list[str], list[str]]:
-    """stderr lines before and after the line starting with ``marker`` (which is dropped)."""
-    lines = stderr.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith(marker))
-    return lines[:at], lines[at + 1:]
-
-
 # --- os.fork ---------------------------------------------------------------------
 
 FORK_SCRIPT = """
-path, report, ending = sys.argv[1:4]
+ending = sys.argv[3]  # after path and report, which run_with_files binds
 hist = R(path, 2, 4, trace=True, pilot="next")
 hist.record(0, [1, 2])
 hist.record_prediction(1, [3, 0])
@@ -108,9 +101,9 @@ else:
 def test_a_forked_child_never_writes_the_parents_capture(
     tmp_path: pathlib.Path, ending: str, status: int, env: dict[str, str]
 ) -> None:
-    path = tmp_path / "capture.json"
-    report = tmp_path / "child-copy.json"
-    result = run_script(tmp_path, FORK_SCRIPT, str(path), str(report), ending, env=env)
+    result, (path, report) = run_with_files(
+        tmp_path, FORK_SCRIPT, {"path": "capture.json", "report": "child-copy.json"}, ending, env=env
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     child_lines, parent_lines = split_at(result.stderr, "PARENT ")
@@ -132,11 +125,9 @@ def test_a_forked_child_never_writes_the_parents_capture(
 
 def test_a_recorder_created_in_the_child_is_written_by_the_child(tmp_path: pathlib.Path) -> None:
     # The rule is "the creator writes", not "children never write".
-    parent_path, child_path = tmp_path / "parent.json", tmp_path / "child.json"
-    result = run_script(
+    result, (parent_path, child_path) = run_with_files(
         tmp_path,
         """
-        parent_path, child_path = sys.argv[1:3]
         inherited = R(parent_path, 1, 3)
         inherited.record(0, [0, 1])
         sys.stderr.flush()
@@ -149,8 +140,7 @@ def test_a_recorder_created_in_the_child_is_written_by_the_child(tmp_path: pathl
         _, status = os.waitpid(pid, 0)
         print(f"PARENT status={os.waitstatus_to_exitcode(status)} exists={os.path.exists(parent_path)}", file=sys.stderr, flush=True)
         """,
-        str(parent_path),
-        str(child_path),
+        {"parent_path": "parent.json", "child_path": "child.json"},
     )
     assert result.returncode == 0, result.stderr
     child_lines, parent_lines = split_at(result.stderr, "PARENT ")
@@ -162,11 +152,9 @@ def test_a_recorder_created_in_the_child_is_written_by_the_child(tmp_path: pathl
 
 
 def test_a_grandchild_never_writes_either(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "capture.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        path = sys.argv[1]
         hist = R(path, 1, 3, trace=True)
         hist.record(0, [0, 1])
         sys.stderr.flush()
@@ -180,7 +168,7 @@ def test_a_grandchild_never_writes_either(tmp_path: pathlib.Path) -> None:
         os.wait()
         print(f"PARENT exists={os.path.exists(path)}", file=sys.stderr, flush=True)
         """,
-        str(path),
+        {"path": "capture.json"},
     )
     assert result.returncode == 0, result.stderr
     child_lines, parent_lines = split_at(result.stderr, "PARENT ")
@@ -195,7 +183,7 @@ def test_a_grandchild_never_writes_either(tmp_path: pathlib.Path) -> None:
 POOL_SCRIPT = """
 import multiprocessing
 
-path, how = sys.argv[1:3]
+how = sys.argv[2]  # after path, which run_with_files binds
 hist = R(path, 2, 4, trace=True)
 hist.record(0, [1, 2])
 
@@ -247,8 +235,7 @@ if __name__ == "__main__":
     ids=["terminate", "terminate-sigterm-opt-in", "close-join", "maxtasksperchild"],
 )
 def test_fork_pool_workers_never_write_the_parents_capture(tmp_path: pathlib.Path, how: str, env: dict[str, str]) -> None:
-    path = tmp_path / "capture.json"
-    result = run_script(tmp_path, POOL_SCRIPT, str(path), how, env=env)
+    result, (path,) = run_with_files(tmp_path, POOL_SCRIPT, {"path": "capture.json"}, how, env=env)
     assert result.returncode == 0, result.stderr
     workers, parent = split_at(result.stderr, "PARENT ")
     assert "PARENT pool done, file exists=False" in result.stderr
@@ -275,7 +262,7 @@ FORKS_WITH_THREADS = (
 
 LOCK_SCRIPT = FORKS_WITH_THREADS + """
 
-path, child_path, what = sys.argv[1:4]
+what = sys.argv[3]  # after path and child_path, which run_with_files binds
 hist = R(path, 1, 4, trace=True)
 hist.record(0, [0, 1])
 inside, release = threading.Event(), threading.Event()
@@ -327,8 +314,9 @@ def test_a_child_forked_while_another_thread_holds_a_lock_does_not_hang(tmp_path
     # _live_lock (now _lifecycle._lock) were inherited locked, and the child deadlocked in its first
     # record()/close()/construction or at exit in _close_all (now _lifecycle.finish_all) (fixed by
     # re-creating them with os.register_at_fork).
-    path, child_path = tmp_path / "capture.json", tmp_path / "child.json"
-    result = run_script(tmp_path, LOCK_SCRIPT, str(path), str(child_path), what)
+    result, (path, child_path) = run_with_files(
+        tmp_path, LOCK_SCRIPT, {"path": "capture.json", "child_path": "child.json"}, what
+    )
     assert result.returncode == 0, result.stderr
     child, parent = split_at(result.stderr, "PARENT ")
     assert "PARENT child status=0" in result.stderr  # -14: the child hung until SIGALRM
@@ -346,11 +334,9 @@ def test_a_child_forked_while_another_thread_holds_a_lock_does_not_hang(tmp_path
 def test_the_child_copy_is_independent_of_the_parent(tmp_path: pathlib.Path) -> None:
     # Closing in the parent after the fork does not close the child's copy, and
     # the child's records never show up in the parent's file.
-    path = tmp_path / "capture.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        path = sys.argv[1]
         hist = R(path, 1, 3, trace=True)
         hist.record(0, [0, 1])
         read_end, write_end = os.pipe()
@@ -371,7 +357,7 @@ def test_the_child_copy_is_independent_of_the_parent(tmp_path: pathlib.Path) -> 
         assert open(path).read() == before
         print("CHILD", child_doc, file=sys.stderr, flush=True)
         """,
-        str(path),
+        {"path": "capture.json"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [
@@ -391,13 +377,11 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
     # fail: the parent's capture is not written. Fixed by: clear _temporaries (and
     # re-create its lock) in the child with os.register_at_fork, or remember
     # the pid that made each temporary and remove only this process's.
-    path = tmp_path / "capture.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         FORKS_WITH_THREADS
         + textwrap.dedent(
             """
-        path = sys.argv[1]
         hist = R(path, 1, 3, trace=True)
         hist.record(0, [1, 2])
         inside, release = threading.Event(), threading.Event()
@@ -429,7 +413,7 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
         hist.discard()
         """
         ),
-        str(path),
+        {"path": "capture.json"},
         env={"TURBOSPARK_ROUTER_HIST_SIGTERM": "1"},
     )
     assert "Traceback" not in result.stderr, result.stderr
@@ -454,11 +438,9 @@ def test_a_forked_child_gets_sigterm_back_as_it_was(tmp_path: pathlib.Path) -> N
     # restoring the disposition SIGTERM had before turbospark installed its
     # handler (and forgetting that it was installed, so a recorder the child
     # creates installs it again).
-    path, child_path = tmp_path / "capture.json", tmp_path / "child.json"
-    result = run_script(
+    result, (path, child_path) = run_with_files(
         tmp_path,
         """
-        path, child_path = sys.argv[1:3]
         hist = R(path, 1, 3)
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
         sys.stderr.flush()
@@ -475,8 +457,7 @@ def test_a_forked_child_gets_sigterm_back_as_it_was(tmp_path: pathlib.Path) -> N
         print(f"PARENT child status={os.waitstatus_to_exitcode(status)}", file=sys.stderr, flush=True)
         hist.record(0, [1])
         """,
-        str(path),
-        str(child_path),
+        {"path": "capture.json", "child_path": "child.json"},
         env={"TURBOSPARK_ROUTER_HIST_SIGTERM": "1"},
     )
     assert result.returncode == 0, result.stderr

@@ -4,9 +4,7 @@ torch, transformers), and the public import paths resolve."""
 
 from __future__ import annotations
 
-import sys
-
-from childproc import PACKAGE_ROOT, child_env, run_isolated
+from childproc import run_python
 from conftest import require_module
 
 HEAVY = (
@@ -23,7 +21,7 @@ HEAVY = (
 def loaded_after(imports: str) -> str:
     """stdout of a child that runs ``imports`` and prints which HEAVY modules it loaded."""
     code = f"import sys\n{imports}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
-    done = run_isolated([sys.executable, "-W", "error", "-c", code], PACKAGE_ROOT, child_env(), 120)
+    done = run_python("-W", "error", "-c", code)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     return done.stdout
 

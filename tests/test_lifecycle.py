@@ -14,17 +14,15 @@ import gc
 import os
 import pathlib
 import stat
-import subprocess
-import sys
-import textwrap
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
 
 import turbospark
+from childproc import run_script, split_at
 from turbospark import RouterHistogram
-from capture_helpers import DOC, fill, leftovers
+from capture_helpers import DOC, ONE_PASS, fill, leftovers
 
 
 @pytest.fixture
@@ -272,36 +270,10 @@ def test_a_failed_constructor_writes_nothing(tmp_path: pathlib.Path, capfd: pyte
 
 # --- write at interpreter exit --------------------------------------------------------
 
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(turbospark.__file__)))
-
-
-def run_child(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter that imports this same turbospark with this same backend."""
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("TURBOSPARK_")}
-    if os.environ.get("TURBOSPARK_PUREPYTHON"):
-        child_env["TURBOSPARK_PUREPYTHON"] = os.environ["TURBOSPARK_PUREPYTHON"]
-    child_env["PYTHONPATH"] = PACKAGE_ROOT
-    child_env.update(env or {})
-    preamble = (
-        "import turbospark, sys\n"
-        f"assert turbospark.BACKEND == {turbospark.BACKEND!r}, turbospark.BACKEND\n"
-        "from turbospark import RouterHistogram as R\n"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", preamble + textwrap.dedent(code), *args],
-        # `python -c` puts the working directory first on sys.path: run where
-        # this turbospark lives, never beside a source tree of another one.
-        cwd=PACKAGE_ROOT,
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_an_open_recorder_is_written_at_exit(tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "c.json")
-    result = run_child(
+    result = run_script(
+        tmp_path,
         """
         hist = R(sys.argv[1], 2, 3, trace=True)  # still referenced by the module at exit
         hist.record(0, [2, 0])
@@ -316,7 +288,8 @@ def test_an_open_recorder_is_written_at_exit(tmp_path: pathlib.Path) -> None:
 
 def test_a_recorder_in_a_cycle_is_written_once_at_exit(tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "c.json")
-    result = run_child(
+    result = run_script(
+        tmp_path,
         """
         import gc
         gc.disable()  # keep the cycle alive until exit
@@ -336,7 +309,8 @@ def test_a_recorder_in_a_cycle_is_written_once_at_exit(tmp_path: pathlib.Path) -
 def test_every_recorder_is_written_exactly_once(tmp_path: pathlib.Path) -> None:
     paths = {name: str(tmp_path / f"{name}.json") for name in ("kept", "closed", "dropped", "env", "cycle")}
     missing = str(tmp_path / "no-such-dir" / "x.json")
-    result = run_child(
+    result = run_script(
+        tmp_path,
         """
         import gc, os
         kept, closed, dropped, env_path, cycle, missing = sys.argv[1:7]
@@ -362,21 +336,20 @@ def test_every_recorder_is_written_exactly_once(tmp_path: pathlib.Path) -> None:
         env={"TURBOSPARK_ROUTER_HIST": paths["env"]},
     )
     assert (result.returncode, result.stdout) == (0, "")
-    lines = result.stderr.splitlines()
-    body_done = lines.index("body done")
-    assert lines[:body_done] == [f"[router-hist] wrote {paths['closed']}", f"[router-hist] wrote {paths['dropped']}"]
-    at_exit = sorted(lines[body_done + 1:])
-    assert at_exit == sorted(
+    in_body, at_exit = split_at(result.stderr, "body done")
+    assert in_body == [f"[router-hist] wrote {paths['closed']}", f"[router-hist] wrote {paths['dropped']}"]
+    assert sorted(at_exit) == sorted(
         [f"[router-hist] wrote {paths[name]}" for name in ("kept", "env", "cycle")]
         + [f"[router-hist] FAILED writing {missing}: No such file or directory (os error 2)"]
     )
     assert pathlib.Path(paths["kept"]).read_text() == '{"num_layers":1,"num_experts":2,"top_k":0,"counts":[[0,0]]}'
-    assert pathlib.Path(paths["dropped"]).read_text() == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}'
+    assert pathlib.Path(paths["dropped"]).read_text() == ONE_PASS
 
 
 def test_an_unhandled_keyboard_interrupt_still_writes(tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "c.json")
-    result = run_child(
+    result = run_script(
+        tmp_path,
         """
         hist = R(sys.argv[1], 2, 3, trace=True)
         hist.record(0, [2, 0])
@@ -396,7 +369,7 @@ def test_an_unhandled_keyboard_interrupt_still_writes(tmp_path: pathlib.Path) ->
 @pytest.mark.parametrize(("ending", "code"), [("raise SystemExit(3)", 3), ("raise ValueError('boom')", 1)])
 def test_an_exiting_program_still_writes(tmp_path: pathlib.Path, ending: str, code: int) -> None:
     path = str(tmp_path / "c.json")
-    result = run_child(f"hist = R(sys.argv[1], 1, 2)\nhist.record(0, [1, 0])\n{ending}\n", path)
+    result = run_script(tmp_path, f"hist = R(sys.argv[1], 1, 2)\nhist.record(0, [1, 0])\n{ending}\n", path)
     assert result.returncode == code
     assert result.stderr.count("[router-hist]") == 1
     assert result.stderr.endswith(f"[router-hist] wrote {path}\n")

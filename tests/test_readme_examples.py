@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import turbospark
+from childproc import run_isolated
 from conftest import require_module
-
-README = Path(__file__).resolve().parent.parent / "README.md"
+from readme_blocks import block_after
 
 # Stand-ins for the model the decode-loop example leaves to the reader, typed
 # so that mypy checks the example's own calls.
@@ -39,9 +39,7 @@ def experts(layer: int, hidden: int, ids: list[int]) -> int:
 
 def example(name: str) -> str:
     """The fenced Python block that follows ``<!-- example: NAME -->`` in the README."""
-    found = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", README.read_text(), re.S)
-    assert found is not None, f"README has no example {name!r}"
-    return found.group(1)
+    return block_after(f"example: {name}", "python")
 
 
 def run(source: str, tmp_path: Path, monkeypatch: Any) -> str:
@@ -110,13 +108,12 @@ def mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     require_module("mypy")
     (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
     (tmp_path / "example.py").write_text(source)
-    return subprocess.run(
+    # Not child_env: mypy finds turbospark through MYPYPATH, as a user's would.
+    return run_isolated(
         [sys.executable, "-m", "mypy", "--config-file", "mypy.ini", "--cache-dir", str(tmp_path / "cache"), "example.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MYPYPATH": _package_root()},
-        check=False,
+        str(tmp_path),
+        {**os.environ, "MYPYPATH": _package_root()},
+        600,
     )
 
 

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import turbospark
-
-README = Path(__file__).resolve().parents[1] / "README.md"
-
+from childproc import child_env, run_isolated
+from readme_blocks import block_after
 
 def block(marker: str) -> str:
-    """The fenced block right after ``<!-- test: MARKER -->`` (then optional prose) in the README."""
-    text = README.read_text()
-    match = re.search(rf"<!-- test: {marker} -->\s*```[a-z]*\n(.*?)```", text, re.S)
-    assert match, f"no block marked {marker}"
-    return match.group(1)
+    """The fenced block right after ``<!-- test: MARKER -->`` in the README."""
+    return block_after(f"test: {marker}")
 
 
 def commands(marker: str) -> list[str]:
@@ -36,15 +30,11 @@ def shell(tmp_path: Path) -> dict[str, str]:
     wrapper = bin_dir / "turbospark"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m turbospark "$@"\n')
     wrapper.chmod(0o755)
-    env = dict(os.environ)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    package_parent = str(Path(turbospark.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
-    return env
+    return child_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
 
 
 def run(line: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+    done = run_isolated(["bash", "-c", line], str(cwd), env, 300)
     assert done.returncode == 0, (line, done.stderr)
     return done
 

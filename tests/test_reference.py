@@ -7,25 +7,23 @@ from typing import Any, Callable
 import pytest
 
 from turbospark import RouterHistogram
+from capture_helpers import RUST_COUNTS, RUST_PILOT, RUST_TRACE
+
+
+def _reference_passes(hist: Any) -> Any:
+    """The passes of the reference's counts and trace tests (RUST_COUNTS, RUST_TRACE)."""
+    hist.record(0, [2, 0])
+    hist.record(0, [2, 1])
+    hist.record(1, [1, 1])
+    return hist
 
 
 def test_records_and_serializes_layer_expert_counts(make: Callable[..., Any]) -> None:
-    hist = make(2, 3)
-    hist.record(0, [2, 0])
-    hist.record(0, [2, 1])
-    hist.record(1, [1, 1])
-    assert hist.to_json() == '{"num_layers":2,"num_experts":3,"top_k":2,"counts":[[1,1,2],[0,2,0]]}'
+    assert _reference_passes(make(2, 3)).to_json() == RUST_COUNTS
 
 
 def test_trace_keeps_pass_order_that_the_counts_discard(make: Callable[..., Any]) -> None:
-    hist = make(2, 3, trace=True)
-    hist.record(0, [2, 0])
-    hist.record(0, [2, 1])
-    hist.record(1, [1, 1])
-    assert hist.to_json() == (
-        '{"num_layers":2,"num_experts":3,"top_k":2,'
-        '"counts":[[1,1,2],[0,2,0]],"trace":[[2,0,2,1],[1,1]]}'
-    )
+    assert _reference_passes(make(2, 3, trace=True)).to_json() == RUST_TRACE
 
 
 def test_a_prediction_is_recorded_against_the_layer_it_is_about(make: Callable[..., Any]) -> None:
@@ -34,11 +32,7 @@ def test_a_prediction_is_recorded_against_the_layer_it_is_about(make: Callable[.
     hist.record_prediction(1, [1, 2])
     hist.record(1, [1, 0])
     # Row 0 of pred stays empty: nothing precedes layer 0.
-    assert hist.to_json() == (
-        '{"num_layers":2,"num_experts":3,"top_k":2,'
-        '"counts":[[1,0,1],[1,1,0]],"trace":[[2,0],[1,0]],'
-        '"pred":[[],[1,2]]}'
-    )
+    assert hist.to_json() == RUST_PILOT
 
 
 def test_predictions_are_dropped_when_the_probe_is_off(make: Callable[..., Any]) -> None:

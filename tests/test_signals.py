@@ -25,9 +25,9 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from childproc import run_script
+from childproc import run_with_files
 from turbospark import RouterHistogram
-from capture_helpers import DOC, leftovers
+from capture_helpers import DOC, ONE_PASS, leftovers
 
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
 
@@ -39,11 +39,9 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX si
 
 @pytest.mark.parametrize("value", ["1", "true", "ON", " yes "])
 def test_sigterm_writes_every_open_capture_then_dies_by_sigterm(tmp_path: pathlib.Path, value: str) -> None:
-    path, closed, failing = tmp_path / "c.json", tmp_path / "closed.json", tmp_path / "gone" / "x.json"
-    result = run_script(
+    result, (path, closed, failing) = run_with_files(
         tmp_path,
         """
-        path, closed_path, failing_path = sys.argv[1:4]
         done = R(closed_path, 1, 2)
         done.close()
         os.unlink(closed_path)  # closed is closed: SIGTERM must not write it again
@@ -58,9 +56,7 @@ def test_sigterm_writes_every_open_capture_then_dies_by_sigterm(tmp_path: pathli
         time.sleep(30)
         print("survived SIGTERM", file=sys.stderr)
         """,
-        str(path),
-        str(closed),
-        str(failing),
+        {"path": "c.json", "closed_path": "closed.json", "failing_path": "gone/x.json"},
         env={VARIABLE: value},
     )
     assert result.returncode == -signal.SIGTERM
@@ -75,12 +71,9 @@ def test_sigterm_writes_every_open_capture_then_dies_by_sigterm(tmp_path: pathli
 
 
 def test_a_previous_handler_runs_after_the_write_and_decides(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        path = sys.argv[1]
-
         def theirs(signum, frame):
             # Runs after the capture is on disk.
             print("their handler saw", os.path.exists(path), signum, file=sys.stderr, flush=True)
@@ -93,7 +86,7 @@ def test_a_previous_handler_runs_after_the_write_and_decides(tmp_path: pathlib.P
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
         """,
-        str(path),
+        {"path": "c.json"},
         env={VARIABLE: "1"},
     )
     assert result.returncode == 7
@@ -110,11 +103,9 @@ def test_a_previous_handler_that_keeps_running_keeps_recording(tmp_path: pathlib
     # written at SIGTERM, the recorders stay open, and exit writes the whole
     # run. (Regression: the recorders used to be closed before chaining, so
     # the runtime's next record() raised "the recorder is closed".)
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        path = sys.argv[1]
         stop = []
         signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
         hist = R(path, 1, 3, trace=True)
@@ -126,7 +117,7 @@ def test_a_previous_handler_that_keeps_running_keeps_recording(tmp_path: pathlib
             step += 1
         print(f"stopped gracefully after {step} passes", file=sys.stderr)
         """,
-        str(path),
+        {"path": "c.json"},
         env={VARIABLE: "1"},
     )
     assert "Traceback" not in result.stderr, result.stderr
@@ -139,11 +130,9 @@ def test_a_previous_handler_that_keeps_running_keeps_recording(tmp_path: pathlib
 
 
 def test_an_ignored_sigterm_stays_ignored(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        path = sys.argv[1]
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         hist = R(path, 2, 3, trace=True)
         hist.record(0, [2, 0])
@@ -153,7 +142,7 @@ def test_an_ignored_sigterm_stays_ignored(tmp_path: pathlib.Path) -> None:
         print("still here", os.path.exists(path), file=sys.stderr, flush=True)
         hist.record(1, [1, 2])
         """,
-        str(path),
+        {"path": "c.json"},
         env={VARIABLE: "1"},
     )
     assert result.returncode == 0
@@ -166,11 +155,9 @@ def test_sigterm_inside_a_call_writes_the_passes_before_it(tmp_path: pathlib.Pat
     # handled while the main thread was inside a call (here: while an id is
     # read; in a decode loop: any time) waited for that lock forever, and the
     # process hung, deaf to further SIGTERMs.
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        path = sys.argv[1]
         signal.alarm(5)  # a hang ends as SIGALRM rather than stalling the suite
 
 
@@ -186,7 +173,7 @@ def test_sigterm_inside_a_call_writes_the_passes_before_it(tmp_path: pathlib.Pat
         hist.record(0, [0, TermOnRead()])
         print("survived SIGTERM", file=sys.stderr)
         """,
-        str(path),
+        {"path": "c.json"},
         env={VARIABLE: "1"},
     )
     assert result.returncode == -signal.SIGTERM  # -SIGALRM: it hung
@@ -195,7 +182,7 @@ def test_sigterm_inside_a_call_writes_the_passes_before_it(tmp_path: pathlib.Pat
 
 
 WRITE_SCRIPT = """
-path, when = sys.argv[1:3]
+when = sys.argv[2]  # after path, which run_with_files binds
 real_fsync = os.fsync
 
 
@@ -226,8 +213,7 @@ def test_sigterm_during_a_write_still_leaves_the_whole_capture(tmp_path: pathlib
     # its temporary file stayed behind ("write"), and a recorder whose close()
     # was that write ("close", "exit") was skipped as already closed, so its
     # capture was never written at all.
-    path = tmp_path / "c.json"
-    result = run_script(tmp_path, WRITE_SCRIPT, str(path), when, env={VARIABLE: "1"})
+    result, (path,) = run_with_files(tmp_path, WRITE_SCRIPT, {"path": "c.json"}, when, env={VARIABLE: "1"})
     assert result.returncode == -signal.SIGTERM
     assert "survived" not in result.stderr
     assert "Traceback" not in result.stderr
@@ -236,14 +222,12 @@ def test_sigterm_during_a_write_still_leaves_the_whole_capture(tmp_path: pathlib
 
 
 def test_the_handler_is_installed_from_the_main_thread_only(tmp_path: pathlib.Path) -> None:
-    first, second = tmp_path / "first.json", tmp_path / "second.json"
-    result = run_script(
+    result, (first, second) = run_with_files(
         tmp_path,
         """
         import threading
         import warnings
 
-        first_path, second_path = sys.argv[1:3]
         made = []
 
 
@@ -265,8 +249,7 @@ def test_the_handler_is_installed_from_the_main_thread_only(tmp_path: pathlib.Pa
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
         """,
-        str(first),
-        str(second),
+        {"first_path": "first.json", "second_path": "second.json"},
         env={VARIABLE: "1"},
     )
     assert result.returncode == -signal.SIGTERM
@@ -274,7 +257,7 @@ def test_the_handler_is_installed_from_the_main_thread_only(tmp_path: pathlib.Pa
     assert lines[0].startswith(f"WARNING RuntimeWarning {VARIABLE} is set but the first recorder was created outside the main thread")
     assert lines[1] == "after thread: True"
     assert sorted(lines[2:]) == [f"[router-hist] wrote {first}", f"[router-hist] wrote {second}"]
-    assert first.read_text() == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}'
+    assert first.read_text() == ONE_PASS
     assert second.read_text() == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[1,0]]}'
 
 
@@ -283,7 +266,6 @@ def test_the_handler_is_installed_from_the_main_thread_only(tmp_path: pathlib.Pa
 OFF_SCRIPT = """
 import warnings
 
-path = sys.argv[1]
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     hist = R(path, 2, 3, trace=True)  # CONSTRUCTOR
@@ -303,11 +285,10 @@ print("survived SIGTERM", file=sys.stderr)
 
 @pytest.mark.parametrize("value", [None, "0", "", "false", "off", "No"])
 def test_without_the_setting_sigterm_is_left_alone(tmp_path: pathlib.Path, value: str | None) -> None:
-    path = tmp_path / "c.json"
     env = {"TURBOSPARK_ROUTER_HIST": str(tmp_path / "env.json")}
     if value is not None:
         env[VARIABLE] = value
-    result = run_script(tmp_path, "import json\n" + OFF_SCRIPT, str(path), env=env)
+    result, (path,) = run_with_files(tmp_path, "import json\n" + OFF_SCRIPT, {"path": "c.json"}, env=env)
     assert result.returncode == -signal.SIGTERM
     assert result.stderr == "handler is default: True\n"  # no warning, no write at SIGTERM
     assert path.read_text() == DOC  # only the explicit write() before it
@@ -316,11 +297,10 @@ def test_without_the_setting_sigterm_is_left_alone(tmp_path: pathlib.Path, value
 
 @pytest.mark.parametrize("value", ["maybe", "2", "yes please"])
 def test_an_unrecognised_setting_warns_once_naming_it_and_is_off(tmp_path: pathlib.Path, value: str) -> None:
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         "import json\n" + OFF_SCRIPT,
-        str(path),
+        {"path": "c.json"},
         env={VARIABLE: value, "TURBOSPARK_ROUTER_HIST": str(tmp_path / "env.json")},
     )
     lines = (tmp_path / "script.py").read_text().splitlines()
@@ -381,13 +361,12 @@ def test_a_constructor_stopped_by_its_warning_writes_nothing(
 
 @pytest.mark.parametrize("where", ["record", "record_prediction", "record_many", "record_router_logits"])
 def test_ctrl_c_inside_a_call_loses_no_completed_pass(tmp_path: pathlib.Path, where: str) -> None:
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
         import numpy as np
 
-        path, where = sys.argv[1:3]
+        where = sys.argv[2]  # after path
 
 
         class CtrlC:
@@ -422,7 +401,7 @@ def test_ctrl_c_inside_a_call_loses_no_completed_pass(tmp_path: pathlib.Path, wh
             hist.record_prediction(layer, [(step + 2) % 3, step % 3])
             hist.record(layer, [step % 3, (step + 1) % 3])
         """,
-        str(path),
+        {"path": "c.json"},
         where,
     )
     assert result.returncode == -signal.SIGINT
@@ -573,12 +552,11 @@ def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathli
     # interrupted one is retried or reported once; no traceback. Fixed by: in
     # _close_all, catch BaseException per recorder, keep going, then retry
     # (or report) the interrupted ones.
-    first, second = tmp_path / "first.json", tmp_path / "second.json"
-    result = run_script(
+    result, (first, second) = run_with_files(
         tmp_path,
         """
-        first = R(sys.argv[1], 1, 2)
-        second = R(sys.argv[2], 1, 2)
+        first = R(first_path, 1, 2)
+        second = R(second_path, 1, 2)
         first.record(0, [1])
         second.record(0, [0])
         real_fsync = os.fsync
@@ -591,8 +569,7 @@ def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathli
 
         os.fsync = fsync
         """,
-        str(first),
-        str(second),
+        {"first_path": "first.json", "second_path": "second.json"},
     )
     assert "Traceback" not in result.stderr, result.stderr
     assert "Exception ignored" not in result.stderr
@@ -604,7 +581,7 @@ def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathli
     assert len(written) + len(failed) == 2 and len(lines) == 2, lines
     for path in written:
         assert path.read_text() == (
-            '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}' if path == first
+            ONE_PASS if path == first
             else '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[1,0]]}'
         )
 

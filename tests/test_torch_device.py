@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from childproc import run_script
+from childproc import run_script, run_with_files
 from conftest import require_module
 
 torch = require_module("torch")
@@ -251,19 +251,19 @@ def test_staged_ids_are_written(tmp_path: pathlib.Path, how: str, capfd: Any) ->
 
 @pytest.mark.parametrize("ending", ["exit", "sigterm"])
 def test_staged_ids_are_written_at_exit_and_sigterm(tmp_path: pathlib.Path, ending: str) -> None:
-    path = tmp_path / "cap.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         f"""
         import torch
         from turbospark.torch import DeviceRecorder
-        hist = R({str(path)!r}, 1, 8, 2, trace=True)
+        hist = R(path, 1, 8, 2, trace=True)
         dev = DeviceRecorder(hist, device="cpu")
         dev.record(0, torch.tensor([[1, 2], [3, 4]]), valid=torch.tensor(1))
         if {ending == "sigterm"}:
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)
         """,
+        {"path": "cap.json"},
         env={"TURBOSPARK_ROUTER_HIST_SIGTERM": "1"},
         timeout=120,
     )

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from childproc import run_python
 from conftest import require_module
 
 torch = require_module("torch")
@@ -395,11 +396,8 @@ def test_override_table_llama4(tmp_path: Any) -> None:
 
 
 def test_import_turbospark_imports_neither_torch_nor_this_package() -> None:
-    import subprocess
-    import sys
-
     code = "import sys, turbospark; print(sorted(m for m in ('torch', 'transformers', 'turbospark.transformers') if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_python("-c", code)
     assert done.stdout == "[]\n", done.stderr
 
 

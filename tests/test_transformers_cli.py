@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
+from childproc import run_python
 from conftest import require_module
 
 torch = require_module("torch")
@@ -35,11 +33,10 @@ def test_record_command_end_to_end(checkpoint: Any, tmp_path: Any) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(PROMPTS)
     out = tmp_path / "capture.json"
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "turbospark", "record", str(checkpoint), "--prompts", str(prompts),
-         "--batch-size", "2", "--max-new-tokens", "5", "--trace", "--pilot", "self", "-o", str(out)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    done = run_python(
+        "-m", "turbospark", "record", str(checkpoint), "--prompts", str(prompts),
+        "--batch-size", "2", "--max-new-tokens", "5", "--trace", "--pilot", "self", "-o", str(out),
+        cwd=str(tmp_path), env={"HF_HUB_OFFLINE": "1"}, timeout=300,
     )
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith(("[turbospark record]", "[router-hist]"))]
@@ -70,7 +67,7 @@ def test_record_command_refuses_what_it_cannot_use(tmp_path: Any, capfd: Any) ->
 
 
 def test_list_prints_the_computed_support_table() -> None:
-    done = subprocess.run([sys.executable, "-m", "turbospark.transformers", "--list"], capture_output=True, text=True, timeout=300)
+    done = run_python("-m", "turbospark.transformers", "--list", timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     supported = lines[1 : lines.index(next(line for line in lines if line.startswith("not supported")))]

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import shlex
-import subprocess
-import sys
 from typing import Any
 
+from childproc import run_python
 from conftest import require_module
 from readme_blocks import README, block
 
@@ -54,8 +52,7 @@ def test_record_command(tmp_path: Any) -> None:
     command = block("turbospark record ./my-moe-checkpoint").strip()
     argv = shlex.split(command)
     assert argv[0] == "turbospark"
-    done = subprocess.run([sys.executable, "-m", "turbospark", *argv[1:]], cwd=tmp_path, capture_output=True,
-                          text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    done = run_python("-m", "turbospark", *argv[1:], cwd=str(tmp_path), env={"HF_HUB_OFFLINE": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "  pilot across dense layers: layer 2 from layer 0 (2 layers ahead)\n" in done.stdout
     assert turbospark.load(tmp_path / "capture.json").pilot_distance == (0, 0, 2)
