@@ -52,7 +52,7 @@ def test_the_wings_do_not_import_the_command_line() -> None:
         "from turbospark import RouterHistogram\n"
         "print(sorted(m for m in sys.modules if m.startswith('turbospark.cli')))\n"
     )
-    done = run_isolated([sys.executable, "-W", "error", "-c", code], PACKAGE_ROOT, child_env(), 120)
+    done = run_python("-W", "error", "-c", code)
     assert (done.returncode, done.stderr, done.stdout) == (0, "", "[]\n")
 
 

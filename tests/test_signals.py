@@ -589,11 +589,10 @@ def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathli
 def test_a_close_that_ctrl_c_cuts_short_is_written_at_exit(tmp_path: pathlib.Path) -> None:
     # The capture stays pending until a write of it succeeds: close() was
     # interrupted, so the exit path writes it (and nothing else writes it twice).
-    path = tmp_path / "c.json"
-    result = run_script(
+    result, (path,) = run_with_files(
         tmp_path,
         """
-        hist = R(sys.argv[1], 2, 3, trace=True)
+        hist = R(path, 2, 3, trace=True)
         hist.record(0, [2, 0])
         hist.record(1, [1, 2])
         real_fsync = os.fsync
@@ -608,10 +607,10 @@ def test_a_close_that_ctrl_c_cuts_short_is_written_at_exit(tmp_path: pathlib.Pat
         try:
             hist.close()
         except KeyboardInterrupt:
-            print("close interrupted; closed:", hist.closed, os.path.exists(sys.argv[1]), file=sys.stderr, flush=True)
+            print("close interrupted; closed:", hist.closed, os.path.exists(path), file=sys.stderr, flush=True)
         hist.close()  # closed: does nothing
         """,
-        str(path),
+        {"path": "c.json"},
     )
     assert result.returncode == 0
     assert result.stderr.splitlines() == ["close interrupted; closed: True False", f"[router-hist] wrote {path}"]
