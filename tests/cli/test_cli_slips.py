@@ -21,7 +21,7 @@ from turbospark.cli import main
 from turbospark.cli.demo import NEXT_STEPS
 from capture_helpers import RUST_TRACE
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: pathlib.Path, text: str, name: str = "c.json") -> str:

@@ -8,7 +8,7 @@ at the path stays whole byte for byte and no temporary file is left behind;
 ``[router-hist] FAILED writing PATH: ERROR`` line once, with no traceback,
 and leave the exit status alone.
 
-``tests/test_lifecycle.py`` covers ``write()`` failing at ``os.replace``,
+``tests/recording/test_lifecycle.py`` covers ``write()`` failing at ``os.replace``,
 ``os.fsync`` and ``os.chmod``; this file covers the other failure points, the
 ``close()``/drop/exit reporting of each, and real kernel failures in child
 interpreters.

@@ -17,7 +17,7 @@ import pytest
 import reference_harness
 from turbospark.recording._f32display import format_f32, format_f32_row
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "f32_display_golden.txt"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "f32_display_golden.txt"
 
 
 def from_bits(bits: int) -> float:
