@@ -28,7 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import turbospark  # noqa: E402
-from turbospark import _recorder_py  # noqa: E402
+from turbospark.recording import _recorder_py  # noqa: E402
 from turbospark.recording.recorder import recorder_class  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -4,6 +4,10 @@ torch, transformers), and the public import paths resolve."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from childproc import run_python
 from conftest import require_module
 
@@ -71,3 +75,19 @@ def test_the_public_paths_resolve() -> None:
     )
     # Asking for the recorder loads it and its core; the integrations load their extras.
     assert loaded_after(imports).startswith("['torch', 'transformers', 'turbospark.recording._backend', ")
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+# What each script imports beyond the core's numpy.
+BENCHMARK_NEEDS = {"bench_torch.py": ("torch",), "bench_transformers.py": ("torch", "transformers")}
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))
+def test_every_benchmark_script_imports_what_it_names(script: str) -> None:
+    # Moving a module must not leave a benchmark pointing at its old path: run
+    # each script's imports (everything but its __main__ block), timing nothing.
+    for module in BENCHMARK_NEEDS.get(script, ()):
+        require_module(module)
+    code = f"import runpy\nrunpy.run_path({str(BENCHMARKS / script)!r}, run_name='imported')\n"
+    done = run_python("-c", code)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
