@@ -312,7 +312,7 @@ print(f"PARENT child status={os.waitstatus_to_exitcode(status)}", file=sys.stder
 def test_a_child_forked_while_another_thread_holds_a_lock_does_not_hang(tmp_path: pathlib.Path, what: str) -> None:
     # Regression: the pure-Python core's per-recorder lock and the module's
     # _live_lock (now _lifecycle._lock) were inherited locked, and the child deadlocked in its first
-    # record()/close()/construction or at exit in _close_all (now _lifecycle.finish_all) (fixed by
+    # record()/close()/construction or in the exit path (now _lifecycle.finish_all) (fixed by
     # re-creating them with os.register_at_fork).
     result, (path, child_path) = run_with_files(
         tmp_path, LOCK_SCRIPT, {"path": "capture.json", "child_path": "child.json"}, what

@@ -542,16 +542,15 @@ def test_a_signal_handler_that_records_mid_call_loses_nothing(make: Callable[...
 
 
 def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathlib.Path) -> None:
-    # A bug this test caught, now fixed: turbospark/recording/recorder.py, _close_all
-    # (now _lifecycle.finish_all). A
-    # KeyboardInterrupt while the exit-time write of one capture is under way
-    # (a second Ctrl-C while a long trace is written) escapes the atexit
-    # handler: Python prints "Exception ignored in atexit callback" with a
-    # traceback, that capture is not retried, and every recorder after it in
-    # the loop is never written. Expected: the others are written; the
-    # interrupted one is retried or reported once; no traceback. Fixed by: in
-    # _close_all, catch BaseException per recorder, keep going, then retry
-    # (or report) the interrupted ones.
+    # A bug this test caught, now fixed (in the exit path, today
+    # _lifecycle.finish_all): a KeyboardInterrupt while the exit-time write of
+    # one capture is under way (a second Ctrl-C while a long trace is written)
+    # escaped the atexit handler: Python printed "Exception ignored in atexit
+    # callback" with a traceback, that capture was not retried, and every
+    # recorder after it in the loop was never written. Expected: the others
+    # are written; the interrupted one is retried or reported once; no
+    # traceback. The exit path catches BaseException per recorder, keeps
+    # going, then retries (or reports) the interrupted ones.
     result, (first, second) = run_with_files(
         tmp_path,
         """
