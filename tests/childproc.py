@@ -31,6 +31,19 @@ PREAMBLE = (
     "import turbospark\n"
     f"assert turbospark.BACKEND == {turbospark.BACKEND!r}, turbospark.BACKEND\n"
     "from turbospark import RouterHistogram as R\n"
+    # Interruptions of a write in progress: at_next_fsync(ctrl_c) or
+    # at_next_fsync(sigterm) runs the action once, inside the next os.fsync.
+    "def at_next_fsync(action):\n"
+    "    real = os.fsync\n"
+    "    def fsync(fd):\n"
+    "        os.fsync = real\n"
+    "        action()\n"
+    "        real(fd)\n"
+    "    os.fsync = fsync\n"
+    "def ctrl_c():\n"
+    "    raise KeyboardInterrupt\n"
+    "def sigterm():\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
 )
 
 

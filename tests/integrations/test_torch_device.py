@@ -53,6 +53,7 @@ def _blocks(seed: int, layers: int, experts: int, k: int, sequences: bool) -> li
         block["ids"], block["keep"] = ids, keep
         if sequences and block["kind"] == "sel" and rng.random() < 0.7:
             block["seq"] = rng.integers(0, 5, size=n)
+            block["seq"][~keep] = -1  # so may the sequence ids of dropped rows be
             block["phase"] = "prompt" if rng.random() < 0.3 else "decode"
         block["flush"] = rng.random() < 0.1
         stream.append(block)

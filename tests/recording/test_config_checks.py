@@ -6,12 +6,14 @@ never stop a runtime), but it says what is wrong.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import warnings
 from typing import Any, Callable
 
 import pytest
 
+import turbospark
 import turbospark.recording.recorder
 from turbospark import RouterHistogram
 
@@ -108,6 +110,21 @@ def test_from_env_warns_about_top_k_above_num_experts_and_records_like_the_refer
     hist.record(0, [1, 1, 0])  # the reference counts whatever it is given
     assert hist.to_json() == '{"num_layers":1,"num_experts":2,"top_k":3,"counts":[[1,2]]}'
     hist.discard()
+
+
+def test_a_warning_from_code_without_a_file_points_at_that_code(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "<string>" (exec, python -c) is the user's code even when the working
+    # directory is inside the package, where os.path.abspath would have made
+    # it look like one of turbospark's own files.
+    monkeypatch.setenv(HIST, str(tmp_path / "c.json"))
+    monkeypatch.chdir(os.path.dirname(turbospark.__file__))
+    code = compile("made.append(RouterHistogram.from_env(1, 2, 3))", "<string>", "exec")
+    made: list[Any] = []
+    _, record = caught(lambda: exec(code, {"RouterHistogram": RouterHistogram, "made": made}))
+    assert [(w.filename, w.lineno) for w in record] == [("<string>", 1)]
+    made[0].discard()
 
 
 def test_top_k_equal_to_num_experts_is_fine(make: Callable[..., Any]) -> None:

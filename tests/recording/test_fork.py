@@ -178,6 +178,50 @@ def test_a_grandchild_never_writes_either(tmp_path: pathlib.Path) -> None:
     assert path.read_text() == '{"num_layers":1,"num_experts":3,"top_k":2,"counts":[[1,1,0]],"trace":[[0,1]]}'
 
 
+def test_a_grandchild_renews_the_locks_of_a_recorder_it_inherited(tmp_path: pathlib.Path) -> None:
+    # The child records into its copy and forks again while one of its
+    # threads holds the copy's lock (a record_batch in progress). (Regression:
+    # the child dropped the parent's recorders from the registry, so the
+    # grandchild's fork hook never renewed that lock and it hung.)
+    result, (path,) = run_with_files(
+        tmp_path,
+        """
+        import threading
+
+        hist = R(path, 1, 4, 2, trace=True)
+        hist.record(0, [0, 1])
+        sys.stderr.flush()
+        if os.fork() == 0:
+            held, release = threading.Event(), threading.Event()
+
+            def busy():
+                with hist._batch_lock:
+                    held.set()
+                    release.wait()
+
+            threading.Thread(target=busy, daemon=True).start()
+            held.wait()
+            grandchild = os.fork()
+            if grandchild == 0:
+                signal.alarm(3)  # a hang ends as SIGALRM rather than stalling the suite
+                hist.record_batch(0, [[1, 2]], seq=[0], phase="decode")
+                print("GRANDCHILD recorded", hist.passes.tolist(), file=sys.stderr, flush=True)
+                os._exit(0)
+            _, status = os.waitpid(grandchild, 0)
+            release.set()
+            print("CHILD grandchild status", os.waitstatus_to_exitcode(status), file=sys.stderr, flush=True)
+            os._exit(0)
+        os.wait()
+        print("PARENT done", file=sys.stderr, flush=True)
+        """,
+        {"path": "capture.json"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines == ["GRANDCHILD recorded [2]", "CHILD grandchild status 0", "PARENT done", f"[router-hist] wrote {path}"]
+    assert path.read_text() == '{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[1,1,0,0]],"trace":[[0,1]]}'
+
+
 # --- multiprocessing pools with the fork start method ------------------------------
 
 POOL_SCRIPT = """

@@ -213,3 +213,14 @@ def test_an_error_in_a_masked_batch_names_the_row_as_the_caller_numbered_it(make
         hist.record_batch(0, [[0, 1], [-1, -1], [2, 9]], seq=[7, 8, 9], phase="decode", mask=[True, False, True])
     assert str(info.value) == "expert id 9 at position (2, 1) is out of range for 4 experts"
     assert hist.to_json() == '{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[0,0,0,0]],"trace":[[]]}'
+
+
+def test_a_dropped_row_may_carry_any_sequence_id(make: Any) -> None:
+    # Padding rows often carry -1 everywhere, their sequence id included.
+    hist = make(1, 4, 2, trace=True)
+    hist.record_batch(0, [[0, 1], [-1, -1], [2, 3]], seq=[7, -1, 9], phase="decode", mask=[True, False, True])
+    assert hist.to_json() == (
+        '{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[1,1,1,1]],"trace":[[0,1,2,3]],"seq":[[7,9]],"phase":[[1,1]]}'
+    )
+    with pytest.raises(ValueError, match="seq holds a negative sequence id -1"):
+        hist.record_batch(0, [[0, 1]], seq=[-1], phase="decode", mask=[True])

@@ -183,20 +183,10 @@ def test_sigterm_inside_a_call_writes_the_passes_before_it(tmp_path: pathlib.Pat
 
 WRITE_SCRIPT = """
 when = sys.argv[2]  # after path, which run_with_files binds
-real_fsync = os.fsync
-
-
-def fsync(fd):
-    # SIGTERM arrives while the capture is being written.
-    os.fsync = real_fsync
-    os.kill(os.getpid(), signal.SIGTERM)
-    real_fsync(fd)
-
-
 hist = R(path, 2, 3, trace=True)
 hist.record(0, [2, 0])
 hist.record(1, [1, 2])
-os.fsync = fsync
+at_next_fsync(sigterm)  # SIGTERM arrives while the capture is being written
 if when == "write":
     hist.write()  # a checkpoint
 elif when == "close":
@@ -354,6 +344,92 @@ def test_a_constructor_stopped_by_its_warning_writes_nothing(
     gc.collect()
     assert capfd.readouterr().err == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_constructor_stopped_by_the_thread_warning_writes_nothing(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The handler cannot be installed outside the main thread, which warns;
+    # under -W error that aborts the constructor. (Regression: the handler was
+    # installed after registering, so the half-made recorder wrote an empty
+    # capture over the destination when collected.)
+    import gc
+    import threading
+
+    monkeypatch.setenv(VARIABLE, "1")
+    raised: list[str] = []
+
+    def make() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                RouterHistogram(str(tmp_path / "c.json"), 2, 3)
+            except RuntimeWarning as warning:
+                raised.append(str(warning))
+
+    thread = threading.Thread(target=make)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert len(raised) == 1 and raised[0].startswith(f"{VARIABLE} is set but the first recorder was created outside")
+    assert capfd.readouterr().err == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sigterm_chained_during_close_writes_the_capture_once(tmp_path: pathlib.Path) -> None:
+    # The runtime's handler lets the process go on; the close() the signal
+    # interrupted finishes its own write. (Regression: the handler wrote the
+    # closing recorder too, so "wrote" came twice.)
+    result, (path,) = run_with_files(
+        tmp_path,
+        """
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("their handler ran", file=sys.stderr, flush=True))
+        hist = R(path, 1, 2)
+        hist.record(0, [1])
+        at_next_fsync(sigterm)  # while close() writes
+        hist.close()
+        """,
+        {"path": "c.json"},
+        env={VARIABLE: "1"},
+    )
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == ["their handler ran", f"[router-hist] wrote {path}"]
+    assert path.read_text() == ONE_PASS
+    assert leftovers(tmp_path) == []
+
+
+def test_a_chained_write_in_the_middle_of_record_batch_keeps_seq_aligned(tmp_path: pathlib.Path) -> None:
+    # A SIGTERM chained to a handler that goes on writes the capture between
+    # the core's commit of a batch and its sequence columns. (Regression: that
+    # write padded the batch's passes with defaults, and the columns stayed
+    # shifted for good: seq [[5, 0, 6]] instead of [[5, 6, 7]].)
+    result, (path,) = run_with_files(
+        tmp_path,
+        """
+        from turbospark.recording import _sequences
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        hist = R(path, 1, 4, trace=True)
+        real_extend = _sequences.SequenceColumns.extend
+
+
+        def extend(self, *args):
+            _sequences.SequenceColumns.extend = real_extend
+            sigterm()  # the handler writes now
+            real_extend(self, *args)
+
+
+        hist.record_batch(0, [[1, 2]], seq=[5], phase="prompt")
+        _sequences.SequenceColumns.extend = extend
+        hist.record_batch(0, [[2, 3], [0, 1]], seq=[6, 7], phase="decode")
+        """,
+        {"path": "c.json"},
+        env={VARIABLE: "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"[router-hist] wrote {path}"] * 2
+    assert json.loads(path.read_text())["seq"] == [[5, 6, 7]]
+    assert json.loads(path.read_text())["phase"] == [[0, 1, 1]]
 
 
 # --- KeyboardInterrupt ---------------------------------------------------------------------
@@ -558,15 +634,7 @@ def test_ctrl_c_during_the_write_at_exit_loses_no_other_capture(tmp_path: pathli
         second = R(second_path, 1, 2)
         first.record(0, [1])
         second.record(0, [0])
-        real_fsync = os.fsync
-
-
-        def fsync(fd):
-            os.fsync = real_fsync
-            raise KeyboardInterrupt  # Ctrl-C while the first exit-time write is under way
-
-
-        os.fsync = fsync
+        at_next_fsync(ctrl_c)  # Ctrl-C while the first exit-time write is under way
         """,
         {"first_path": "first.json", "second_path": "second.json"},
     )
@@ -594,15 +662,7 @@ def test_a_close_that_ctrl_c_cuts_short_is_written_at_exit(tmp_path: pathlib.Pat
         hist = R(path, 2, 3, trace=True)
         hist.record(0, [2, 0])
         hist.record(1, [1, 2])
-        real_fsync = os.fsync
-
-
-        def fsync(fd):
-            os.fsync = real_fsync
-            raise KeyboardInterrupt  # Ctrl-C while close() writes
-
-
-        os.fsync = fsync
+        at_next_fsync(ctrl_c)  # Ctrl-C while close() writes
         try:
             hist.close()
         except KeyboardInterrupt:
@@ -614,4 +674,33 @@ def test_a_close_that_ctrl_c_cuts_short_is_written_at_exit(tmp_path: pathlib.Pat
     assert result.returncode == 0
     assert result.stderr.splitlines() == ["close interrupted; closed: True False", f"[router-hist] wrote {path}"]
     assert path.read_text() == DOC
+    assert leftovers(tmp_path) == []
+
+
+def test_a_recorder_dropped_after_ctrl_c_cut_its_close_short_is_written(tmp_path: pathlib.Path) -> None:
+    # The capture is still owed when the last reference goes: dropping must
+    # write it, as dropping an open recorder does. (Regression: the registry
+    # held it weakly and close() saw it closed, so it was lost.)
+    result, (path,) = run_with_files(
+        tmp_path,
+        """
+        def work():
+            hist = R(path, 1, 2)
+            hist.record(0, [1])
+            at_next_fsync(ctrl_c)  # Ctrl-C while close() writes
+            try:
+                hist.close()
+            except KeyboardInterrupt:
+                print("close interrupted", file=sys.stderr, flush=True)
+
+
+        work()
+        gc.collect()
+        print("written on drop:", os.path.exists(path), file=sys.stderr, flush=True)
+        """,
+        {"path": "c.json"},
+    )
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == ["close interrupted", f"[router-hist] wrote {path}", "written on drop: True"]
+    assert path.read_text() == ONE_PASS
     assert leftovers(tmp_path) == []

@@ -2,7 +2,9 @@
 
 A recorder is *pending* from construction until its capture is settled: a
 write after ``close()`` succeeded or failed with a reported error, or
-``discard()`` dropped it. A write cut short by Ctrl-C or by a signal leaves
+``discard()`` dropped it. The flag lives on the recorder (``_owed``), so a
+recorder dropped while its close() write was cut short still writes; the weak
+set lets the exit path find the pending ones. A write cut short by Ctrl-C or by a signal leaves
 it pending, so there is no separate "writing" or "interrupted" state: the exit
 path (``finish_all``, run by ``atexit`` and by the opt-in SIGTERM handler)
 writes whatever is still pending, and is the one place that writes at the end.
@@ -13,11 +15,11 @@ States of one recorder (``closed`` is the core's flag)::
          |                                 ^   \\--Ctrl-C, signal--> (stays pending: the exit path writes it)
          +--exit, SIGTERM (finish_all)-----+
          +--discard()--> closed, settled (nothing written)
-         +--fork: the child's copy is forgotten (it never writes; it may record)
+         +--fork: the child's copy never writes (owner pid); it may record
 
 ``_after_fork_in_child`` is the package's one ``os.register_at_fork`` hook: a
-forked child owns no capture and no write in progress, gets SIGTERM back as
-it was, and renews every lock another thread may have held at the fork.
+forked child owns no write in progress, gets SIGTERM back as it was, and
+renews every lock another thread may have held at the fork.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _lock = threading.RLock()
 def register(recorder: Any) -> None:
     """A new recorder owes its capture until it is settled."""
     with _lock:
+        recorder._owed = True
         _pending.add(recorder)
 
 
@@ -47,6 +50,7 @@ def settle(recorder: Any) -> None:
     """The recorder's capture is written (or its failure reported, or it was discarded): nothing is owed."""
     with _lock:
         _pending.discard(recorder)
+        recorder._owed = False
 
 
 def pending_count() -> int:
@@ -106,9 +110,11 @@ def _after_fork_in_child() -> None:
     _atomic._forget_in_child()
     _sigterm._restore_in_child()
     _lock = threading.RLock()
+    # The parent's recorders stay registered: the child never writes them
+    # (finish_all and close() check the owner pid), but it may record into
+    # them and fork again, and a grandchild must renew their locks too.
     for recorder in list(_pending):
         recorder._after_fork_in_child()
-    _pending.clear()
 
 
 if hasattr(os, "register_at_fork"):

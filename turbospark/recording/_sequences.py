@@ -52,8 +52,12 @@ def block_copy(ids: Any) -> np.ndarray:
     return np.array(arr, copy=True)
 
 
-def seq_copy(seq: Any, rows: int) -> np.ndarray:
-    """``seq`` as a private 1-D int64 array of ``rows`` non-negative ids; raise TypeError/ValueError."""
+def seq_copy(seq: Any, rows: int, keep: Optional[np.ndarray] = None) -> np.ndarray:
+    """The ids of the rows ``keep`` keeps (all without it) as a private 1-D int64 array; raise TypeError/ValueError.
+
+    ``seq`` must hold one entry per row (``rows``); only the kept entries must
+    be non-negative integers (a dropped padding row may carry -1).
+    """
     error = device_error(seq, "seq")
     if error is not None:
         raise error
@@ -70,6 +74,8 @@ def seq_copy(seq: Any, rows: int) -> np.ndarray:
         raise ValueError(f"seq must be 1-D with one id per row, got shape {arr.shape}")
     if arr.shape[0] != rows:
         raise ValueError(f"seq has {arr.shape[0]} entries, expected one per row ({rows})")
+    if keep is not None:
+        arr = arr[keep]
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind == "O":
@@ -114,6 +120,10 @@ class SequenceColumns:
     def extend(self, layer: int, first_pass: int, seq: np.ndarray, phase: int) -> None:
         """Record ``seq`` (one id per pass) in ``phase`` for passes ``first_pass`` onwards of ``layer``."""
         self._pad(layer, first_pass)
+        # A write between the core's commit and this call (a signal handler
+        # in this thread) padded these passes with the defaults: replace them.
+        del self._seq[layer][first_pass:]
+        del self._phase[layer][first_pass:]
         self._seq[layer].frombytes(seq.astype(np.int64, copy=False).tobytes())
         self._phase[layer].frombytes(bytes([phase]) * seq.shape[0])
 

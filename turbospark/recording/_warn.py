@@ -17,6 +17,8 @@ _CONTEXTLIB = os.path.abspath(contextlib.__file__)
 
 
 def _ours(frame: types.FrameType) -> bool:
+    if frame.f_code.co_filename.startswith("<"):
+        return False  # "<string>", "<stdin>": the user's code, wherever the working directory is
     filename = os.path.abspath(frame.f_code.co_filename)
     return filename.startswith(_PACKAGE_DIR) or filename == _CONTEXTLIB
 

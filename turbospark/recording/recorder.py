@@ -83,6 +83,7 @@ class _Facade(_CoreBase):
 
     _path: str
     _owner_pid: int
+    _owed: bool  # set by _lifecycle: the capture is still owed to disk
     _columns: Optional[_sequences.SequenceColumns]
 
     def __init__(
@@ -141,9 +142,11 @@ class _Facade(_CoreBase):
             # An environment setting must never stop a runtime: say it now, record anyway.
             warn_caller(f"{_env.HIST}={text!r}: cannot write the capture there: {exc.strerror}; recording anyway, but it "
                         "will be lost unless that is fixed before it is written")
-        # Read (and warn about) the setting before this recorder exists, so a
-        # warning turned into an error leaves nothing behind to write.
-        handle_sigterm = _sigterm.requested()
+        # Read the setting and install the handler (both may warn) before this
+        # recorder exists, so a warning turned into an error leaves nothing
+        # behind to write.
+        if _sigterm.requested():
+            _sigterm.install(_lifecycle.finish_all)
         super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)
         self._path = _paths.per_process(text)
         self._owner_pid = os.getpid()
@@ -152,8 +155,6 @@ class _Facade(_CoreBase):
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
         _lifecycle.register(self)
-        if handle_sigterm:
-            _sigterm.install(_lifecycle.finish_all)
 
     @classmethod
     def from_env(cls: type[_Self], num_layers: int, num_experts: int, top_k: int = 0) -> Optional[_Self]:
@@ -235,13 +236,12 @@ class _Facade(_CoreBase):
             code = _sequences.phase_code(phase)
             block = _sequences.block_copy(ids_2d)
             rows = block.shape[0]
-            seq_ids = _sequences.seq_copy(seq, rows)
             keep = _sequences.mask_copy(mask, rows)
+            # Dropped rows may hold anything, their sequence ids included.
+            seq_ids = _sequences.seq_copy(seq, rows, keep)
             # The core selects the kept rows itself, so an error names the
             # row as the caller numbered it.
             self.record_many(index, block, mask=keep)
-            if keep is not None:
-                seq_ids = seq_ids[keep]
             if seq_ids.shape[0] == 0:
                 return
             if self._columns is None:
@@ -327,7 +327,14 @@ class _Facade(_CoreBase):
         _lifecycle.settle(self)
 
     def _finish(self, *, close: bool) -> None:
-        """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written."""
+        """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written.
+
+        Without ``close`` (a SIGTERM chained to a handler that may let the
+        process go on) a closed recorder is left alone: its close() is still
+        writing, and resumes once the handlers return.
+        """
+        if self.closed and not close:
+            return
         if not self.closed:
             self._drain_and_report()
             if close:
@@ -365,8 +372,14 @@ class _Facade(_CoreBase):
 
     def __del__(self) -> None:
         # A constructor that raised leaves no _owner_pid: nothing to write.
-        if getattr(self, "_owner_pid", None) is not None:
+        if getattr(self, "_owner_pid", None) is None:
+            return
+        if not self.closed:
             self.close()
+        elif getattr(self, "_owed", False) and os.getpid() == self._owner_pid:
+            # Its close() was cut short (Ctrl-C): dropping it must not lose
+            # the capture, and the registry's weak reference is about to go.
+            self._finish(close=True)
 
     def __repr__(self) -> str:
         pilot = ("self" if self.pilot_offset() == 0 else "next") if self.pilot_enabled() else None
