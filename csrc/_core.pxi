@@ -111,6 +111,9 @@ cdef class RecorderCore:
     def record_many(self, layer, selected, mask=None):
         _record_block(self, layer, selected, mask, False)
 
+    def _record_many_from(self, layer, selected, mask=None):
+        return _record_block(self, layer, selected, mask, False)
+
     def record_prediction_many(self, layer, predicted, mask=None):
         _record_block(self, layer, predicted, mask, True)
 

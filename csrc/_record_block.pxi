@@ -12,8 +12,16 @@
 cdef Py_ssize_t TABLE_MIN_IDS = 2048
 
 
-cdef int _record_block(RecorderCore self, object layer, object selected, object mask, bint prediction) except -1:
-    """``n`` passes (or predictions) for ``layer`` at once, only the rows ``mask`` keeps; all or nothing."""
+cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, object mask,
+                              bint prediction) except -1:
+    """``n`` passes (or predictions) for ``layer`` at once, only the rows ``mask`` keeps; all or nothing.
+
+    Returns the layer's pass count just before the commit: the index of the
+    block's first pass, read with no Python code between it and the commit,
+    so another thread's pass can never land in between (``record_batch``
+    tags the block's passes by it).
+    """
+    cdef Py_ssize_t first
     cdef IdView view
     cdef Py_ssize_t index, rows, width, total, chosen, i
     cdef uint8_t* keep = NULL
@@ -44,7 +52,7 @@ cdef int _record_block(RecorderCore self, object layer, object selected, object 
         else:
             chosen = rows
         if chosen == 0:
-            return 0
+            return <Py_ssize_t>self._passes[index]
         total = chosen * width
         if buf != NULL:
             # Straight into the trace's (or predictions') spare capacity: it
@@ -76,6 +84,7 @@ cdef int _record_block(RecorderCore self, object layer, object selected, object 
                 row = self._counts + index * self._num_experts
                 for i in range(total):
                     row[dest[i]] += 1
+        first = <Py_ssize_t>self._passes[index]
         if prediction:
             _commit_prediction_rows(self, index, chosen, width)
         else:
@@ -84,7 +93,7 @@ cdef int _record_block(RecorderCore self, object layer, object selected, object 
         free(keep)
         free(scratch)
         free(tables)
-    return 0
+    return first
 
 
 cdef tuple _block_slowly(RecorderCore self, object selected, object mask):

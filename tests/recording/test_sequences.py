@@ -224,3 +224,39 @@ def test_a_dropped_row_may_carry_any_sequence_id(make: Any) -> None:
     )
     with pytest.raises(ValueError, match="seq holds a negative sequence id -1"):
         hist.record_batch(0, [[0, 1]], seq=[-1], phase="decode", mask=[True])
+
+
+def test_plain_records_from_another_thread_never_take_a_batchs_sequence_ids(make: Any) -> None:
+    # The core says where a batch's passes start as it commits them.
+    # (Regression: record_batch read the pass count after the commit, so a
+    # plain record_many landing in between shifted the tags by a pass.)
+    import sys
+    import threading
+
+    hist = make(1, 4, 1, trace=True)
+    calls = 5000
+
+    def plain() -> None:
+        for _ in range(calls):
+            hist.record_many(0, [[2]])
+
+    def batched() -> None:
+        for _ in range(calls):
+            hist.record_batch(0, [[1]], seq=[1], phase="prompt")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=plain), threading.Thread(target=batched)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    doc = json.loads(hist.to_json())
+    trace = doc["trace"][0]
+    assert sorted(trace) == [1] * calls + [2] * calls
+    # Expert 1 passes are the batch's: sequence 1, prompt; the plain ones read as sequence 0, decode.
+    assert doc["seq"][0] == [1 if expert == 1 else 0 for expert in trace]
+    assert doc["phase"][0] == [0 if expert == 1 else 1 for expert in trace]

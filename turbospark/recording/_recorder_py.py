@@ -179,14 +179,19 @@ class RecorderCore:
         return index, state, _convert.block_ids(arr, self._num_experts, mask)
 
     def record_many(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> None:
+        self._record_many_from(layer, selected, mask)
+
+    def _record_many_from(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> int:
+        """``record_many``, returning the layer's pass count just before the commit (the block's first pass)."""
         with self._lock:
             index, state, ids = self._block(layer, selected, mask)
             rows = ids.shape[0]
             if rows == 0:
-                return
+                return int(state.layers[index].passes)
             added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
             counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
             self._add_selection(state, index, array("I", ids.tobytes()), rows, counts)
+            return int(state.layers[index].passes)
 
     def record_prediction(self, layer: SupportsIndex, predicted: SelectedIds) -> None:
         with self._lock:

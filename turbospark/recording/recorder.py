@@ -240,15 +240,15 @@ class _Facade(_CoreBase):
             # Dropped rows may hold anything, their sequence ids included.
             seq_ids = _sequences.seq_copy(seq, rows, keep)
             # The core selects the kept rows itself, so an error names the
-            # row as the caller numbered it.
-            self.record_many(index, block, mask=keep)
+            # row as the caller numbered it, and says where the block's
+            # passes start as it commits them (another thread's plain record
+            # may come right after).
+            first = self._record_many_from(index, block, keep)
             if seq_ids.shape[0] == 0:
                 return
             if self._columns is None:
                 self._columns = _sequences.SequenceColumns(self.num_layers)
-            # The kept rows are the layer's newest passes.
-            passes = int(self._passes_array()[index])
-            self._columns.extend(index, passes - seq_ids.shape[0], seq_ids, code)
+            self._columns.extend(index, first, seq_ids, code)
 
     def _document(self) -> bytes:
         """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
