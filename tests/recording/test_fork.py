@@ -19,6 +19,12 @@ import pytest
 from childproc import run_with_files, split_at
 from capture_helpers import leftovers
 
+# Python 3.12+ warns when a process with threads forks; these scripts do it on purpose.
+FORKS_WITH_THREADS = (
+    "import threading, warnings\n"
+    "warnings.filterwarnings('ignore', 'This process .* is multi-threaded, use of fork', DeprecationWarning)\n"
+)
+
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -185,9 +191,9 @@ def test_a_grandchild_renews_the_locks_of_a_recorder_it_inherited(tmp_path: path
     # grandchild's fork hook never renewed that lock and it hung.)
     result, (path,) = run_with_files(
         tmp_path,
-        """
-        import threading
-
+        FORKS_WITH_THREADS
+        + textwrap.dedent(
+            """
         hist = R(path, 1, 4, 2, trace=True)
         hist.record(0, [0, 1])
         sys.stderr.flush()
@@ -213,7 +219,8 @@ def test_a_grandchild_renews_the_locks_of_a_recorder_it_inherited(tmp_path: path
             os._exit(0)
         os.wait()
         print("PARENT done", file=sys.stderr, flush=True)
-        """,
+        """
+        ),
         {"path": "capture.json"},
     )
     assert result.returncode == 0, result.stderr
@@ -299,11 +306,6 @@ def test_fork_pool_workers_never_write_the_parents_capture(tmp_path: pathlib.Pat
 # Python 3.12+ warns (DeprecationWarning, shown for __main__) when a
 # multi-threaded process forks: these scripts do it on purpose, and their
 # stderr is compared line by line.
-FORKS_WITH_THREADS = (
-    "import threading, warnings\n"
-    "warnings.filterwarnings('ignore', 'This process .* is multi-threaded, use of fork', DeprecationWarning)\n"
-)
-
 LOCK_SCRIPT = FORKS_WITH_THREADS + """
 
 what = sys.argv[3]  # after path and child_path, which run_with_files binds
