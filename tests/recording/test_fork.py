@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pathlib
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,11 @@ FORKS_WITH_THREADS = (
     "import threading, warnings\n"
     "warnings.filterwarnings('ignore', 'This process .* is multi-threaded, use of fork', DeprecationWarning)\n"
 )
+
+
+def run_forking_with_threads(tmp_path: pathlib.Path, code: str, files: dict[str, str], **kwargs: Any) -> Any:
+    """``run_with_files`` for a script that forks while it has threads (threading imported, 3.12+'s warning off)."""
+    return run_with_files(tmp_path, FORKS_WITH_THREADS + textwrap.dedent(code), files, **kwargs)
 
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -189,11 +195,9 @@ def test_a_grandchild_renews_the_locks_of_a_recorder_it_inherited(tmp_path: path
     # threads holds the copy's lock (a record_batch in progress). (Regression:
     # the child dropped the parent's recorders from the registry, so the
     # grandchild's fork hook never renewed that lock and it hung.)
-    result, (path,) = run_with_files(
+    result, (path,) = run_forking_with_threads(
         tmp_path,
-        FORKS_WITH_THREADS
-        + textwrap.dedent(
-            """
+        """
         hist = R(path, 1, 4, 2, trace=True)
         hist.record(0, [0, 1])
         sys.stderr.flush()
@@ -219,8 +223,7 @@ def test_a_grandchild_renews_the_locks_of_a_recorder_it_inherited(tmp_path: path
             os._exit(0)
         os.wait()
         print("PARENT done", file=sys.stderr, flush=True)
-        """
-        ),
+        """,
         {"path": "capture.json"},
     )
     assert result.returncode == 0, result.stderr
@@ -423,11 +426,9 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
     # fail: the parent's capture is not written. Fixed by: clear _temporaries (and
     # re-create its lock) in the child with os.register_at_fork, or remember
     # the pid that made each temporary and remove only this process's.
-    result, (path,) = run_with_files(
+    result, (path,) = run_forking_with_threads(
         tmp_path,
-        FORKS_WITH_THREADS
-        + textwrap.dedent(
-            """
+        """
         hist = R(path, 1, 3, trace=True)
         hist.record(0, [1, 2])
         inside, release = threading.Event(), threading.Event()
@@ -457,8 +458,7 @@ def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: path
         writer.join()
         print(f"PARENT child status={os.waitstatus_to_exitcode(status)} written={open(path).read()}", file=sys.stderr, flush=True)
         hist.discard()
-        """
-        ),
+        """,
         {"path": "capture.json"},
         env={"TURBOSPARK_ROUTER_HIST_SIGTERM": "1"},
     )

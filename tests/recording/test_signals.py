@@ -31,6 +31,14 @@ from capture_helpers import DOC, ONE_PASS, leftovers
 
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
 
+
+def assert_ran_and_wrote(result: Any, tmp_path: pathlib.Path, stderr_lines: list[str], path: pathlib.Path, text: str) -> None:
+    """The child exited 0 having printed exactly ``stderr_lines``, ``path`` holds ``text``, no temporary file is left."""
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == stderr_lines
+    assert path.read_text() == text
+    assert leftovers(tmp_path) == []
+
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
 
 
@@ -392,10 +400,7 @@ def test_a_sigterm_chained_during_close_writes_the_capture_once(tmp_path: pathli
         {"path": "c.json"},
         env={VARIABLE: "1"},
     )
-    assert result.returncode == 0
-    assert result.stderr.splitlines() == ["their handler ran", f"[router-hist] wrote {path}"]
-    assert path.read_text() == ONE_PASS
-    assert leftovers(tmp_path) == []
+    assert_ran_and_wrote(result, tmp_path, ["their handler ran", f"[router-hist] wrote {path}"], path, ONE_PASS)
 
 
 def test_a_chained_write_in_the_middle_of_record_batch_keeps_seq_aligned(tmp_path: pathlib.Path) -> None:
@@ -671,10 +676,7 @@ def test_a_close_that_ctrl_c_cuts_short_is_written_at_exit(tmp_path: pathlib.Pat
         """,
         {"path": "c.json"},
     )
-    assert result.returncode == 0
-    assert result.stderr.splitlines() == ["close interrupted; closed: True False", f"[router-hist] wrote {path}"]
-    assert path.read_text() == DOC
-    assert leftovers(tmp_path) == []
+    assert_ran_and_wrote(result, tmp_path, ["close interrupted; closed: True False", f"[router-hist] wrote {path}"], path, DOC)
 
 
 def test_a_recorder_dropped_after_ctrl_c_cut_its_close_short_is_written(tmp_path: pathlib.Path) -> None:
@@ -700,7 +702,4 @@ def test_a_recorder_dropped_after_ctrl_c_cut_its_close_short_is_written(tmp_path
         """,
         {"path": "c.json"},
     )
-    assert result.returncode == 0
-    assert result.stderr.splitlines() == ["close interrupted", f"[router-hist] wrote {path}", "written on drop: True"]
-    assert path.read_text() == ONE_PASS
-    assert leftovers(tmp_path) == []
+    assert_ran_and_wrote(result, tmp_path, ["close interrupted", f"[router-hist] wrote {path}", "written on drop: True"], path, ONE_PASS)
