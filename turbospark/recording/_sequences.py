@@ -120,10 +120,6 @@ class SequenceColumns:
     def extend(self, layer: int, first_pass: int, seq: np.ndarray, phase: int) -> None:
         """Record ``seq`` (one id per pass) in ``phase`` for passes ``first_pass`` onwards of ``layer``."""
         self._pad(layer, first_pass)
-        # A write between the core's commit and this call (a signal handler
-        # in this thread) padded these passes with the defaults: replace them.
-        del self._seq[layer][first_pass:]
-        del self._phase[layer][first_pass:]
         self._seq[layer].frombytes(seq.astype(np.int64, copy=False).tobytes())
         self._phase[layer].frombytes(bytes([phase]) * seq.shape[0])
 
@@ -134,11 +130,19 @@ class SequenceColumns:
             self._phase[layer].extend([DEFAULT_PHASE] * missing)
 
     def json_tail(self, passes: Sequence[int]) -> bytes:
-        """``,"seq":[...],"phase":[...]`` for a document whose layers hold ``passes`` passes."""
-        seq_rows = []
-        phase_rows = []
-        for layer, count in enumerate(passes):
-            self._pad(layer, count)
-            seq_rows.append("[" + ",".join(map(str, self._seq[layer][:count])) + "]")
-            phase_rows.append("[" + ",".join(map(str, self._phase[layer][:count])) + "]")
+        """``,"seq":[...],"phase":[...]`` for a document whose layers hold ``passes`` passes.
+
+        Reads only: a write may come between a batch's commit and its
+        ``extend`` (a signal handler in that thread), and padding the columns
+        here would leave that batch's tags after the defaults for good.
+        """
+        seq_rows = [_row(self._seq[layer], count, DEFAULT_SEQ) for layer, count in enumerate(passes)]
+        phase_rows = [_row(self._phase[layer], count, DEFAULT_PHASE) for layer, count in enumerate(passes)]
         return f',"seq":[{",".join(seq_rows)}],"phase":[{",".join(phase_rows)}]'.encode("ascii")
+
+
+def _row(column: "array[int]", count: int, default: int) -> str:
+    """The first ``count`` entries of ``column`` as JSON, passes it has not reached reading as ``default``."""
+    values = column[:count].tolist()
+    values.extend([default] * (count - len(values)))
+    return "[" + ",".join(map(str, values)) + "]"
