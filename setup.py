@@ -1,4 +1,5 @@
-"""Builds the compiled core ``turbospark.recording._recorder`` from ``csrc/``; metadata lives in pyproject.toml."""
+"""Builds the compiled core ``turbospark.recording._recorder`` and the expert-cache kernels
+``turbospark.analysis._cache_kernels`` from ``csrc/``; metadata lives in pyproject.toml."""
 
 import numpy
 from Cython.Build import cythonize
@@ -21,7 +22,13 @@ extensions = [
         ["csrc/_recorder.pyx"],
         include_dirs=[numpy.get_include(), "csrc"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    )
+    ),
+    Extension(
+        "turbospark.analysis._cache_kernels",
+        ["csrc/_cache.pyx"],
+        include_dirs=[numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    ),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES))

@@ -17,13 +17,12 @@
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from ..analysis.capture_sequences import Sequences
+from ..analysis.capture_sequences import Sequences, serving_iterations as _continuous_batches
 from ..analysis.capture import Capture
 
 __all__ = ["Split", "batch_counts", "split"]
@@ -80,34 +79,6 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
         return np.zeros((0, num_experts), dtype=np.int64)
     flat = (which[:, None] * num_experts + ids).ravel()
     return np.bincount(flat, minlength=whole * num_experts).reshape(whole, num_experts)
-
-
-def _continuous_batches(seq: np.ndarray, phase: np.ndarray, batch: int) -> np.ndarray:
-    """The serving iteration of every pass under continuous batching with ``batch`` rows."""
-    _, first, inverse = np.unique(seq, return_index=True, return_inverse=True)
-    count = first.shape[0]
-    # Step of each pass within its sequence: all prompt passes in step 0 (one
-    # prefill), then one decode pass per step (from step 0 if the window holds
-    # no prompt pass of that sequence).
-    decode = phase != 0
-    has_prompt = np.zeros(count, dtype=bool)
-    has_prompt[inverse[~decode]] = True
-    key = np.where(decode, inverse, -1)
-    order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
-    step = np.empty(seq.shape[0], dtype=np.int64)
-    step[order] = np.arange(seq.shape[0]) - np.searchsorted(sorted_key, sorted_key, side="left")
-    step = np.where(decode, step + has_prompt[inverse], 0)
-    length = np.zeros(count, dtype=np.int64)
-    np.maximum.at(length, inverse, step + 1)
-    # Sequences in order of first appearance take the earliest free row.
-    start = np.empty(count, dtype=np.int64)
-    free = [0] * min(batch, count)
-    for index in np.argsort(first, kind="stable").tolist():
-        at = heapq.heappop(free)
-        start[index] = at
-        heapq.heappush(free, at + int(length[index]))
-    return start[inverse] + step
 
 
 def window_sequences(seqs: Optional[Sequences], layer: int, start: int,
