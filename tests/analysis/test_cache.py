@@ -9,7 +9,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -25,6 +25,7 @@ from turbospark.analysis.capture import loads
 from turbospark.cli import main
 from turbospark.cli._cache import cache_lines, parse_bytes
 
+from conftest import require_module
 from placement_helpers import traced, write_capture
 
 Rows = list[list[int]]
@@ -389,3 +390,37 @@ def test_text_report_names_the_stream_model() -> None:
         "one cache per layer per sequence (up to 2 sequences per layer)")
     assert cache_lines(cache_report(capture, [2], ["lru"], shared=True, batch=3))[0].endswith(
         "one cache per layer shared by all sequences, in serving iterations of 3 rows")
+
+
+# --- the figure ----------------------------------------------------------------------------------
+
+def test_plot_draws_the_documents_curves(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    require_module("matplotlib")
+    from matplotlib.figure import Figure
+
+    capture = write_capture(tmp_path / "c.json", DOC)
+    document = tmp_path / "cache.json"
+    assert main(["cache", capture, "--slots", "2", "3", "4", "--json", "-o", str(document),
+                 "--expert-bytes", "1MiB"]) == 0
+    drawn: list[Any] = []
+    original = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (drawn.append(self), original(self, *a, **k))[1])
+    assert main(["plot", "--cache", str(document)]) == 0
+    assert capfd.readouterr().out.endswith(f"wrote {tmp_path / 'cache.png'}\n")
+    assert (tmp_path / "cache.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    left, right = drawn[0].axes
+    model = json.loads(document.read_text())["model"]
+    assert [line.get_label() for line in left.get_lines()] == ["lru", "lfu", "belady", "pilot+lru"]
+    for line in left.get_lines():
+        assert line.get_xdata().tolist() == [2, 3, 4]
+        assert line.get_ydata().tolist() == [100 * v for v in model["hit_rate"][line.get_label()]]
+    belady = right.get_lines()[2]
+    assert belady.get_ydata().tolist() == [v / 2**20 for v in model["bytes_per_token"]["belady"]]
+
+
+def test_plot_refuses_a_capture_given_as_cache_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    capture = write_capture(tmp_path / "c.json", DOC)
+    assert main(["plot", "--cache", capture]) == 2
+    assert capfd.readouterr().err == (f"turbospark: cannot read {capture}: not turbospark's cache JSON "
+                                      "(write it with `turbospark cache CAPTURE --json`)\n")

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from ._io import UsageError, emit, read_capture, run_guarded
 from ..analysis.cache import DEFAULT_POLICIES, POLICIES, cache_report, parse_policies, parse_slots
 
-__all__ = ["add_command", "cache_lines", "parse_bytes"]
+__all__ = ["add_command", "cache_lines", "draw_cache", "parse_bytes"]
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "kb": 10**3, "mb": 10**6, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -72,6 +72,31 @@ def _run_cache(args: argparse.Namespace) -> int:
         emit(json.dumps(doc) + "\n", args.output)
     else:
         emit("".join(line + "\n" for line in cache_lines(doc)), args.output)
+    return 0
+
+
+def draw_cache(path: str, output: str) -> int:
+    """``plot --cache``: draw the cache document at ``path`` into ``output``; returns the exit status."""
+    import os
+    import sys
+
+    from ..analysis.plot import MissingMatplotlib
+    from ..analysis.plot_cache import plot_cache, read_cache_document
+
+    try:
+        doc = read_cache_document(path)
+    except (OSError, ValueError) as exc:
+        print(f"turbospark: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return 2
+    try:
+        plot_cache(doc, output, title=os.path.basename(path))
+    except MissingMatplotlib as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {output}")
     return 0
 
 

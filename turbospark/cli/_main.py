@@ -90,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
         "in and out of sample (turbospark place's JSON)",
     )
     plot_cmd.add_argument(
+        "--cache", metavar="FILE",
+        help="instead of a capture, draw hit rate against cache size per policy, Belady as the "
+        "ceiling (turbospark cache's --json output)",
+    )
+    plot_cmd.add_argument(
         "--max-window", type=_positive, default=16, metavar="M",
         help="largest window M on the window-distinct curve (default 16)",
     )
@@ -263,9 +268,14 @@ def _recall(value: float | None) -> str:
 def _run_plot(args: argparse.Namespace) -> int:
     from ..analysis.plot import MissingMatplotlib, plot_capture
 
-    if (args.capture is None) == (args.placement is None):
-        print("turbospark: plot takes a CAPTURE or --placement FILE (one of the two)", file=sys.stderr)
+    if sum(x is not None for x in (args.capture, args.placement, args.cache)) != 1:
+        print("turbospark: plot takes a CAPTURE, --placement FILE or --cache FILE (one of the three)",
+              file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.cache is not None:
+        from ._cache import draw_cache
+
+        return draw_cache(args.cache, args.output or _png_beside(args.cache))
     if args.placement is not None:
         from ._place import draw_placement
 
