@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["BELADY", "LFU", "LRU", "simulate"]
+__all__ = ["BELADY", "LFU", "LRU", "check_arguments", "simulate"]
 
 LRU, LFU, BELADY = 0, 1, 2
 _NEVER = 2**63 - 1
@@ -37,13 +37,14 @@ def simulate(
     stream begins (ascending, first 0), each starting empty. ``pred``: None or
     (P2, K2) predictions; pass p < P2 first prefetches the distinct ids of
     ``pred[p]`` (LRU and LFU only). The caller has validated everything
-    (ids in range, ``slots`` at least K and K2).
+    Raises ``ValueError`` (``check_arguments``) for anything else.
 
     Returns (needed, hits, demand loads, prefetch loads, useful prefetches):
     needed counts each pass's distinct ids; a hit is one already resident when
     the pass starts (after its prefetch); a useful prefetch is one the same
     pass needs.
     """
+    check_arguments(ids, order, starts, num_experts, slots, policy, pred)
     ids_rows = ids.tolist()
     guesses = pred.tolist() if pred is not None else []
     serve = order.tolist()
@@ -74,6 +75,34 @@ def simulate(
                 uses[x] = uses.get(x, 0) + 1
                 key[x] = _key(policy, x, 2 * t + 1, uses[x], nxt[t][x] if nxt is not None else 0)
     return needed, hits, loads, prefetched, useful
+
+
+def check_arguments(ids: np.ndarray, order: np.ndarray, starts: np.ndarray, num_experts: int, slots: int,
+                    policy: int, pred: Optional[np.ndarray]) -> None:
+    """Raise ``ValueError`` naming the first argument ``simulate`` cannot serve as given.
+
+    Both kernels call this before reading anything, so no input can make the
+    compiled one read out of bounds.
+    """
+    arrays = [("ids", ids, 2), ("order", order, 1), ("starts", starts, 1)]
+    if pred is not None:
+        arrays.append(("pred", pred, 2))
+    for name, arr, ndim in arrays:
+        if not isinstance(arr, np.ndarray) or arr.dtype != np.int64 or arr.ndim != ndim \
+                or not arr.flags.c_contiguous:
+            raise ValueError(f"{name} must be a C-contiguous {ndim}-D int64 array, got "
+                             f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}")
+    if policy not in (LRU, LFU, BELADY) or (policy == BELADY and pred is not None):
+        raise ValueError(f"policy {policy} is not 0 (LRU), 1 (LFU) or 2 (Belady, without prefetch)")
+    width = max(ids.shape[1], pred.shape[1] if pred is not None else 0)
+    if num_experts < 1 or slots < max(width, 1):
+        raise ValueError(f"need num_experts >= 1 and slots >= {max(width, 1)}, got {num_experts} and {slots}")
+    for name, arr, high in (("ids", ids, num_experts), ("pred", pred, num_experts),
+                            ("order", order, ids.shape[0])):
+        if arr is not None and arr.size and (int(arr.min()) < 0 or int(arr.max()) >= high):
+            raise ValueError(f"{name} holds a value outside 0..{high - 1}")
+    if starts.size == 0 or starts[0] != 0 or (np.diff(starts) < 0).any() or starts[-1] > order.shape[0]:
+        raise ValueError(f"starts must ascend from 0 to at most {order.shape[0]}, got {starts.tolist()[:8]}")
 
 
 def _admit(key: dict[int, tuple[float, float]], wanted: list[int], slots: int) -> set[int]:

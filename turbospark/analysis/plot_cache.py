@@ -71,7 +71,12 @@ def plot_cache(doc: dict[str, Any], path: str | os.PathLike[str], *, title: str 
         axes.set_xlabel("cache slots per layer (C)")
         axes.grid(alpha=0.3)
         axes.legend(fontsize=8)
-    streams = "shared by all sequences" if doc["shared"] else "one per sequence"
+    if doc["shared"]:
+        streams = "shared by all sequences"
+    elif max((entry.get("streams", 0) for entry in doc.get("layers", [])), default=0) > 1:
+        streams = "one per sequence"
+    else:
+        streams = "over the whole trace"
     heading = (f"{doc['num_layers']} layers x {doc['num_experts']} experts, top_k {doc['top_k']}, "
                f"a cache per layer, {streams}")
     figure.suptitle(f"{title}: {heading}" if title else heading, fontsize=12)
