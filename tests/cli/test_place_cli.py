@@ -187,16 +187,45 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
          "layer 5 of the placement is not below num_layers=2"),
         ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 layers, the capture 2"),
         ('{"physical_to_logical_map":[[0,1,2,9],[0,1,2,3]]}', "the placement holds expert id 9, outside 0..3"),
-        ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only"),
+        ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found 3.5"),
         ('{"physical_to_logical_map":[[0,1,2,3,0,1],[0,1,2,3,0,1]]}', "6 slots do not divide over 4 GPUs"),
+        # Ids beyond int64 name themselves (once an OverflowError traceback, exit 1).
+        ('{"physical_to_logical_map":[[0,1,2,99999999999999999999],[0,1,2,3]]}',
+         "the placement holds expert id 99999999999999999999, outside 0..3"),
+        ("initial_global_assignments:\n  0: [0, 1, 2, 99999999999999999999]\nnum_slots: 4\n",
+         "the placement holds expert id 99999999999999999999, outside 0..3"),
+        ('{"physical_to_logical_map":[[0,1,null,3],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found None"),
+        # Empty rows (once numpy's "zero-size array to reduction operation minimum which has no identity").
+        ('{"physical_to_logical_map":[[],[]]}', "the placement's rows are empty: every layer needs a slot for each expert"),
+        ("initial_global_assignments: {}\nnum_slots: 0\n",
+         "the placement's rows are empty: every layer needs a slot for each expert"),
+        ('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":{"gpus":' + "9" * 100 + "}}",
+         "4 slots do not divide over " + "9" * 57 + "... GPUs"),
+        ("x" * 1000, "line 1 is not part of a TensorRT-LLM EPLB file: '" + "x" * 56 + "..."),
+        ('{"a":1,"b":[2]}', "a JSON object without physical_to_logical_map (keys: 'a', 'b'): a placement file is "
+         "turbospark place's JSON, SGLang's {\"physical_to_logical_map\": ...} or TensorRT-LLM's EPLB YAML"),
+        ("[1, 2]", "a JSON list, not a placement: a placement file is turbospark place's JSON, "
+         "SGLang's {\"physical_to_logical_map\": ...} or TensorRT-LLM's EPLB YAML"),
     ],
 )
 def test_bad_placement_files_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], text: str, message: str) -> None:
     path = write_capture(tmp_path / "c.json", DOC)
     placement = tmp_path / "bad.txt"
     placement.write_text(text)
-    assert main(["analyze", path, "--placement", str(placement), "--gpus", "4" if "divide" in message else "2"]) == 2
+    gpus = [] if "inputs" in text else ["--gpus", "4" if "divide" in message else "2"]
+    assert main(["analyze", path, "--placement", str(placement), *gpus]) == 2
     assert capfd.readouterr() == ("", f"turbospark: {placement}: {message}\n")
+
+
+def test_a_capture_given_as_the_placement_is_named_not_echoed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    # An 80 KB capture was once echoed whole to stderr as a line that is not TensorRT-LLM YAML.
+    big = write_capture(tmp_path / "big.json", traced(4, 2, [PASSES * 2000, []]))
+    assert Path(big).stat().st_size > 70_000
+    assert main(["analyze", path, "--placement", big, "--gpus", "2"]) == 2
+    assert capfd.readouterr() == ("", (
+        f"turbospark: {big}: this is a capture, not a placement: a placement file is turbospark place's JSON, "
+        "SGLang's {\"physical_to_logical_map\": ...} or TensorRT-LLM's EPLB YAML (make one with turbospark place)\n"))
 
 
 def test_gpus_without_a_placement_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
