@@ -130,6 +130,36 @@ def test_batches_use_the_seq_key(tmp_path: Path, capfd: pytest.CaptureFixture[st
     assert out["layers"][0]["after"]["batch_in_sample"]["batches"] == 5
 
 
+def test_fit_cut_is_exact(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # --fit 0.29 on 100 passes fits floor(29/100 x 100) = 29 (int(0.29 * 100) gave 28).
+    path = write_capture(tmp_path / "c.json", traced(4, 2, [[[1, 0]] * 100, []]))
+    assert main(["place", path, "--gpus", "2", "--fit", "0.29"]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    assert doc["inputs"]["fit"] == 0.29
+    assert [(row["fit_passes"], row["test_passes"], row["split"]) for row in doc["layers"]] == [
+        (29, 71, "passes"), (0, 0, "passes")]
+
+
+def test_fit_on_a_tagged_capture_takes_whole_sequences(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Sequences 4 and 8 run side by side; by position the fit half would be 4's prompt and 8's prompt.
+    # By sequence: the first floor(0.5 x 2) = 1 sequence (4, seen first) is fit, all its passes.
+    passes = [[1, 0], [1, 0], [2, 3], [2, 3], [1, 2], [2, 3], [1, 2], [2, 3]]
+    doc = traced(4, 2, [passes, []], seq=[[4, 4, 8, 8, 4, 8, 4, 8], []], phase=[[0, 0, 0, 0, 1, 1, 1, 1], []])
+    path = write_capture(tmp_path / "c.json", doc)
+    assert main(["place", path, "--gpus", "2", "--fit", "0.5", "--batch", "1"]) == 0
+    captured = capfd.readouterr()
+    out = json.loads(captured.out)
+    layer = out["layers"][0]
+    assert (layer["fit_passes"], layer["test_passes"], layer["split"]) == (4, 4, "sequences")
+    # Fit passes (1,0)(1,0)(1,2)(1,2): counts 2, 4, 2, 0; trivial map 0 1 | 2 3 loads 6 | 2.
+    assert layer["before"]["in_sample"] == {"imbalance": 0.5, "balancedness": 2 / 3, "max_load": 6.0, "mean_load": 4.0}
+    # Batches of one row: sequence 4's prompt step (both prompt passes), then its decode steps, one each.
+    assert layer["after"]["batch_in_sample"]["batches"] == 3
+    assert layer["after"]["batch_out_of_sample"]["batches"] == 3
+    assert captured.err.splitlines()[1].startswith("  in sample (first 0.5 of sequences): ")
+    assert captured.err.splitlines()[2].startswith("  out of sample (the remaining sequences): ")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from ._io import UsageError, emit, read_capture, run_guarded
+from ..analysis.capture_sequences import exact_fraction
 from ..placement.document import build, summary_lines
 from ..placement.formats import FORMATS, render
 
@@ -32,7 +34,9 @@ def add_commands(commands: Any, positive: Any) -> None:
     cmd.add_argument("--groups", type=positive, metavar="X",
                      help="expert groups; all replicas of a group's experts stay on one node")
     cmd.add_argument("--fit", type=fraction, metavar="F",
-                     help="choose from the first fraction F of each layer's passes, judge on the rest (needs the trace)")
+                     help="choose from the first fraction F of each layer's passes, judge on the rest (needs the "
+                     "trace); with sequence tags (seq), from the first floor(F x S) of its S sequences in order "
+                     "of first appearance, whole, so both halves hold prompt and decode")
     cmd.add_argument("--batch", type=positive, metavar="B",
                      help="also report imbalance per serving batch of B passes (needs the trace)")
     cmd.add_argument("--format", choices=FORMATS, default="json", help="output format (default json)")
@@ -50,10 +54,10 @@ def add_commands(commands: Any, positive: Any) -> None:
     export.set_defaults(run=lambda args: run_guarded(_run_export, args))
 
 
-def fraction(text: str) -> float:
-    """argparse type: a number strictly between 0 and 1."""
+def fraction(text: str) -> Fraction:
+    """argparse type: a number strictly between 0 and 1, read exactly (``0.29`` is 29/100)."""
     try:
-        value = float(text)
+        value = exact_fraction(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 < value < 1:
