@@ -179,6 +179,26 @@ def test_bad_inputs_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], ar
     assert capfd.readouterr() == ("", f"turbospark: {message}\n")
 
 
+def test_on_a_terminal_without_o_only_the_summary_is_printed(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    path = write_capture(tmp_path / "c.json", DOC)
+    summary = ("placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 "
+               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["place", path, "--gpus", "2", "--slots", "6"]) == 0
+    assert capfd.readouterr() == (
+        summary + "placement not written (json): give -o FILE to save it, or -o - to print it here\n", "")
+    # -o - prints the document even on a terminal; the summary goes to stderr.
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "-o", "-"]) == 0
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+    # Not a terminal (a pipe, a redirect): the document on stdout, the summary on stderr, as before.
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+
+
 def test_bad_fraction_is_an_argument_error(capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["place", "x.json", "--gpus", "2", "--fit", "1.5"])
