@@ -55,7 +55,8 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
 
     Raises ``ValueError`` naming the files when the captures do not fit
     together (geometry, what was recorded, ``pilot_distance``, predictions
-    that would shift, sequence ids beyond int64).
+    that would shift, sequence ids or summed counts beyond int64, counts-only
+    tags that would not match the summed passes).
     """
     _check(inputs)
     first_name, first, _ = inputs[0]
