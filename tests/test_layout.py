@@ -4,6 +4,7 @@ torch, transformers), and the public import paths resolve."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,27 @@ def test_every_benchmark_script_imports_what_it_names(script: str) -> None:
     code = f"import runpy\nrunpy.run_path({str(BENCHMARKS / script)!r}, run_name='imported')\n"
     done = run_python("-c", code)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# File names the docs cite from other projects' source, not ours.
+EXTERNAL_FILES = {"eplb.py"}
+
+
+def test_the_docs_name_only_files_that_exist() -> None:
+    # A module moved or renamed must not leave the README, docs/ or a docstring
+    # pointing at its old name (``_cli_place.py`` outlived its move to cli/_place.py).
+    ours = {p.name for p in ROOT.rglob("*.py") if ".git" not in p.parts}
+    texts = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")), *sorted(ROOT.glob("turbospark/**/*.py"))]
+    cited = re.compile(r"`{1,2}(?:[\w/]*/)?(\w+\.py)`{1,2}|``(_\w+)``")
+    stale = []
+    for path in texts:
+        for match in cited.finditer(path.read_text(encoding="utf-8")):
+            name = match.group(1)
+            if name is None:  # a double-backticked private name: stale when it looks like a module we renamed
+                if not match.group(2).startswith("_cli_"):
+                    continue
+                name = match.group(2) + ".py"
+            if name not in ours and name not in EXTERNAL_FILES:
+                stale.append(f"{path.relative_to(ROOT)}: {match.group(0)}")
+    assert stale == []

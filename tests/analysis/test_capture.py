@@ -168,8 +168,13 @@ _DROP = object()
         (variant(top_k=0, trace=[[1, 2], []]), "trace[0] holds ids but top_k is 0"),
         (variant(router_logits=[1]), "router_logits must be an object, got list"),
         (variant(router_logits={"layer": 5, "pass": 0, "values": None}), "router_logits.layer 5 is not below"),
-        (variant(router_logits={"layer": 0, "values": None}), "router_logits.pass must be a non-negative integer"),
-        (variant(router_logits={"layer": 0, "pass": 0, "values": ["x"]}), "router_logits.values must be"),
+        (variant(router_logits={"layer": 0, "values": None}), "router_logits.pass must be a non-negative integer (missing)"),
+        (variant(router_logits={"layer": None, "pass": 0, "values": None}),
+         "router_logits.layer must be a non-negative integer, got None"),
+        (variant(router_logits={"layer": 0, "pass": 0, "values": ["x"]}),
+         "router_logits.values[0] must be a number or null, found 'x'"),
+        (variant(router_logits={"layer": 0, "pass": 0, "values": {"a": 1}}),
+         "router_logits.values must be a list of numbers or null, got {'a': 1}"),
     ],
 )
 def test_malformed_capture_raises_value_error_naming_the_problem(text: str, message: str) -> None:

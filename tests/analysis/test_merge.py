@@ -41,6 +41,20 @@ def test_exact_bytes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     assert [row.tolist() for row in seq] == [[0, 0, 1, 6, 6, 8], [0, 1, 1]]
 
 
+def assert_groupings_agree(tmp_path: Path, docs: list) -> str:
+    """Merge four ``docs`` flat and in every split and nesting; asserts the bytes agree, returns them."""
+    flat = merged(tmp_path, docs, "flat.json")
+    for split in (1, 2, 3):
+        left = docs[:split] if split > 1 else None
+        right = docs[split:] if len(docs) - split > 1 else None
+        parts = [json.loads(merged(tmp_path, left, f"l{split}.json"))] if left else docs[:split]
+        parts += [json.loads(merged(tmp_path, right, f"r{split}.json"))] if right else docs[split:]
+        assert merged(tmp_path, parts, f"g{split}.json") == flat
+    nested = json.loads(merged(tmp_path, [docs[1], docs[2]], "mid.json"))
+    assert merged(tmp_path, [docs[0], nested, docs[3]], "nested.json") == flat
+    return flat
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_any_grouping_gives_the_same_bytes(tmp_path: Path, seed: int, capfd: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(seed)
@@ -52,16 +66,112 @@ def test_any_grouping_gives_the_same_bytes(tmp_path: Path, seed: int, capfd: pyt
             extra["seq"] = [rng.integers(0, 3, size=len(r)).tolist() for r in rows]
             extra["phase"] = [rng.integers(0, 2, size=len(r)).tolist() for r in rows]
         docs.append(traced(4, 1, rows, **extra))
-    flat = merged(tmp_path, docs, "flat.json")
-    for split in (1, 2, 3):
-        left = docs[:split] if split > 1 else None
-        right = docs[split:] if len(docs) - split > 1 else None
-        parts = [json.loads(merged(tmp_path, left, f"l{split}.json"))] if left else docs[:split]
-        parts += [json.loads(merged(tmp_path, right, f"r{split}.json"))] if right else docs[split:]
-        assert merged(tmp_path, parts, f"g{split}.json") == flat
-    nested = json.loads(merged(tmp_path, [docs[1], docs[2]], "mid.json"))
-    assert merged(tmp_path, [docs[0], nested, docs[3]], "nested.json") == flat
+    assert_groupings_agree(tmp_path, docs)
     capfd.readouterr()
+
+
+def counts_only(counts: list, seq: list | None = None, phase: list | None = None) -> dict:
+    """A one-layer, top-1 counts-only capture document, with sequence tags when given."""
+    doc = {"num_layers": 1, "num_experts": 2, "top_k": 1, "counts": [counts]}
+    if seq is not None:
+        doc.update(seq=[seq], phase=[phase])
+    return doc
+
+
+def test_counts_only_with_and_without_seq_associate(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # The issue's case: merge(A, merge(B, C)) once tagged B's and C's passes as one sequence.
+    tagged = counts_only([1, 1], [5, 5], [0, 1])
+    docs = [tagged, counts_only([2, 0]), counts_only([0, 1]), counts_only([1, 0], [0], [1])]
+    # One input has no sequence tags, so no grouping carries any.
+    assert assert_groupings_agree(tmp_path, docs) == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[4,2]]}'
+    assert merged(tmp_path, [docs[0], json.loads(merged(tmp_path, docs[1:3], "bc.json"))], "abc.json") == \
+        merged(tmp_path, docs[:3], "flat3.json") == '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[3,2]]}'
+    a, b = write_capture(tmp_path / "a.json", tagged), write_capture(tmp_path / "b.json", docs[1])
+    capfd.readouterr()
+    assert main(["merge", a, b, "-o", str(tmp_path / "ab.json")]) == 0
+    assert capfd.readouterr() == (
+        f"merged 2 captures into {tmp_path / 'ab.json'}\n",
+        f"turbospark: note: {b} hold no sequence tags (seq/phase), so the merged counts-only capture carries none\n")
+
+
+def test_counts_only_all_tagged_keep_their_sequences(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    docs = [counts_only([1, 1], [5, 5], [0, 1]), counts_only([2, 0], [0, 1], [1, 1]),
+            counts_only([0, 0], [], []), counts_only([1, 0], [3], [1])]
+    # Widths 6, 2, 0, 4: offsets 0, 6, 8, 8.
+    assert assert_groupings_agree(tmp_path, docs) == (
+        '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[4,1]],"seq":[[5,5,6,7,11]],"phase":[[0,1,1,1,1]]}')
+    capfd.readouterr()
+
+
+def test_pilot_distance_is_kept(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    a = traced(3, 1, [[[0]], [], [[1]]], pred=[[], [], [2]], pilot_distance=[0, 0, 2])
+    b = traced(3, 1, [[[2]], [], [[1]]], pred=[[], [], [1]], pilot_distance=[0, 0, 2])
+    assert merged(tmp_path, [a, b]) == (
+        '{"num_layers":3,"num_experts":3,"top_k":1,"counts":[[1,0,1],[0,0,0],[0,2,0]],'
+        '"trace":[[0,2],[],[1,1]],"pred":[[],[],[2,1]],"seq":[[0,1],[],[0,1]],"phase":[[1,1],[],[1,1]],'
+        '"pilot_distance":[0,0,2]}')
+    assert loads(merged(tmp_path, [a, b])).pilot_distance == (0, 0, 2)
+    capfd.readouterr()
+
+
+@pytest.mark.parametrize("other, shown", [
+    ([0, 0, 3], "[0,0,3]"),
+    (None, "none: every prediction one layer ahead"),
+])
+def test_different_pilot_distances_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                          other: list | None, shown: str) -> None:
+    a = traced(3, 1, [[[0]], [], [[1]]], pred=[[], [], [2]], pilot_distance=[0, 0, 2])
+    b = traced(3, 1, [[[2]], [], [[1]]], pred=[[], [], [1]])
+    if other is not None:
+        b["pilot_distance"] = other
+    pa, pb = write_capture(tmp_path / "a.json", a), write_capture(tmp_path / "b.json", b)
+    out = tmp_path / "m.json"
+    assert main(["merge", pa, pb, "-o", str(out)]) == 2
+    assert capfd.readouterr() == (
+        "", f"turbospark: cannot merge {pa} and {pb}: different pilot_distance ([0,0,2] against {shown})\n")
+    assert not out.exists()
+
+
+def test_sequence_ids_beyond_int64_are_refused_before_writing(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    top = 2**63 - 1
+    # Ids up to int64's largest load, and merge while the shifted ids still fit.
+    a = counts_only([1, 1], [0, 1], [1, 1])
+    b = counts_only([1, 0], [top - 2], [1])
+    assert merged(tmp_path, [a, b]) == (
+        f'{{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[2,1]],"seq":[[0,1,{top}]],"phase":[[1,1,1]]}}')
+    assert loads(merged(tmp_path, [a, b])).seq[0].tolist() == [0, 1, top]
+    c = counts_only([0, 1], [top - 1], [0])
+    pa, pc = write_capture(tmp_path / "a.json", a), write_capture(tmp_path / "c.json", c)
+    out = tmp_path / "over.json"
+    capfd.readouterr()
+    assert main(["merge", pa, pc, "-o", str(out)]) == 2
+    assert capfd.readouterr() == ("", (
+        f"turbospark: cannot merge {pc}: its sequence id {top - 1} shifted by 2 (the widths of the captures "
+        f"before it) is {top + 1}, beyond the largest id a capture holds ({top}); merge fewer captures, "
+        "or captures with smaller sequence ids\n"))
+    assert not out.exists()
+
+
+def test_counts_beyond_int64_are_refused_before_writing(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    top = 2**63 - 1
+    pa = write_capture(tmp_path / "a.json", counts_only([top - 1, 0]))
+    pb = write_capture(tmp_path / "b.json", counts_only([2, 0]))
+    out = tmp_path / "m.json"
+    assert main(["merge", pa, pb, "-o", str(out)]) == 2
+    assert capfd.readouterr() == ("", f"turbospark: cannot merge {pb}: layer 0, expert 0 would count {top + 1}, "
+                                      f"beyond int64 ({top})\n")
+    assert not out.exists()
+
+
+def test_counts_only_tags_that_would_not_line_up_are_refused(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Each input holds one selection of a top-2 pass, 0 whole passes; summed they make one pass with no tag.
+    half = {"num_layers": 1, "num_experts": 2, "top_k": 2, "counts": [[1, 0]], "seq": [[]], "phase": [[]]}
+    pa, pb = write_capture(tmp_path / "a.json", half), write_capture(tmp_path / "b.json", half)
+    assert main(["merge", pa, pb, "-o", str(tmp_path / "m.json")]) == 2
+    assert capfd.readouterr() == ("", "turbospark: cannot merge: layer 0 holds 2 selections in all, 1 passes of "
+                                      "top_k=2, but the inputs tag 0: some input's selections are not whole passes, "
+                                      "so the merged seq would not line up with its passes\n")
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_counts_only_and_router_logits(tmp_path: Path) -> None:

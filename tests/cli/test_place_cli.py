@@ -130,6 +130,36 @@ def test_batches_use_the_seq_key(tmp_path: Path, capfd: pytest.CaptureFixture[st
     assert out["layers"][0]["after"]["batch_in_sample"]["batches"] == 5
 
 
+def test_fit_cut_is_exact(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # --fit 0.29 on 100 passes fits floor(29/100 x 100) = 29 (int(0.29 * 100) gave 28).
+    path = write_capture(tmp_path / "c.json", traced(4, 2, [[[1, 0]] * 100, []]))
+    assert main(["place", path, "--gpus", "2", "--fit", "0.29"]) == 0
+    doc = json.loads(capfd.readouterr().out)
+    assert doc["inputs"]["fit"] == 0.29
+    assert [(row["fit_passes"], row["test_passes"], row["split"]) for row in doc["layers"]] == [
+        (29, 71, "passes"), (0, 0, "passes")]
+
+
+def test_fit_on_a_tagged_capture_takes_whole_sequences(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Sequences 4 and 8 run side by side; by position the fit half would be 4's prompt and 8's prompt.
+    # By sequence: the first floor(0.5 x 2) = 1 sequence (4, seen first) is fit, all its passes.
+    passes = [[1, 0], [1, 0], [2, 3], [2, 3], [1, 2], [2, 3], [1, 2], [2, 3]]
+    doc = traced(4, 2, [passes, []], seq=[[4, 4, 8, 8, 4, 8, 4, 8], []], phase=[[0, 0, 0, 0, 1, 1, 1, 1], []])
+    path = write_capture(tmp_path / "c.json", doc)
+    assert main(["place", path, "--gpus", "2", "--fit", "0.5", "--batch", "1"]) == 0
+    captured = capfd.readouterr()
+    out = json.loads(captured.out)
+    layer = out["layers"][0]
+    assert (layer["fit_passes"], layer["test_passes"], layer["split"]) == (4, 4, "sequences")
+    # Fit passes (1,0)(1,0)(1,2)(1,2): counts 2, 4, 2, 0; trivial map 0 1 | 2 3 loads 6 | 2.
+    assert layer["before"]["in_sample"] == {"imbalance": 0.5, "balancedness": 2 / 3, "max_load": 6.0, "mean_load": 4.0}
+    # Batches of one row: sequence 4's prompt step (both prompt passes), then its decode steps, one each.
+    assert layer["after"]["batch_in_sample"]["batches"] == 3
+    assert layer["after"]["batch_out_of_sample"]["batches"] == 3
+    assert captured.err.splitlines()[1].startswith("  in sample (first 0.5 of sequences): ")
+    assert captured.err.splitlines()[2].startswith("  out of sample (the remaining sequences): ")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -147,6 +177,26 @@ def test_bad_inputs_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], ar
     path = write_capture(tmp_path / "c.json", doc)
     assert main(["place", path] + argv) == 2
     assert capfd.readouterr() == ("", f"turbospark: {message}\n")
+
+
+def test_on_a_terminal_without_o_only_the_summary_is_printed(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    path = write_capture(tmp_path / "c.json", DOC)
+    summary = ("placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 "
+               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["place", path, "--gpus", "2", "--slots", "6"]) == 0
+    assert capfd.readouterr() == (
+        summary + "placement not written (json): give -o FILE to save it, or -o - to print it here\n", "")
+    # -o - prints the document even on a terminal; the summary goes to stderr.
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "-o", "-"]) == 0
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+    # Not a terminal (a pipe, a redirect): the document on stdout, the summary on stderr, as before.
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
 
 
 def test_bad_fraction_is_an_argument_error(capfd: pytest.CaptureFixture[str]) -> None:
@@ -187,16 +237,45 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
          "layer 5 of the placement is not below num_layers=2"),
         ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 layers, the capture 2"),
         ('{"physical_to_logical_map":[[0,1,2,9],[0,1,2,3]]}', "the placement holds expert id 9, outside 0..3"),
-        ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only"),
+        ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found 3.5"),
         ('{"physical_to_logical_map":[[0,1,2,3,0,1],[0,1,2,3,0,1]]}', "6 slots do not divide over 4 GPUs"),
+        # Ids beyond int64 name themselves (once an OverflowError traceback, exit 1).
+        ('{"physical_to_logical_map":[[0,1,2,99999999999999999999],[0,1,2,3]]}',
+         "the placement holds expert id 99999999999999999999, outside 0..3"),
+        ("initial_global_assignments:\n  0: [0, 1, 2, 99999999999999999999]\nnum_slots: 4\n",
+         "the placement holds expert id 99999999999999999999, outside 0..3"),
+        ('{"physical_to_logical_map":[[0,1,null,3],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found None"),
+        # Empty rows (once numpy's "zero-size array to reduction operation minimum which has no identity").
+        ('{"physical_to_logical_map":[[],[]]}', "the placement's rows are empty: every layer needs a slot for each expert"),
+        ("initial_global_assignments: {}\nnum_slots: 0\n",
+         "the placement's rows are empty: every layer needs a slot for each expert"),
+        ('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":{"gpus":' + "9" * 100 + "}}",
+         "4 slots do not divide over " + "9" * 57 + "... GPUs"),
+        ("x" * 1000, "line 1 is not part of a TensorRT-LLM EPLB file: '" + "x" * 56 + "..."),
+        ('{"a":1,"b":[2]}', "a JSON object without physical_to_logical_map (keys: 'a', 'b'): a placement file is "
+         "turbospark place's JSON, SGLang's {\"physical_to_logical_map\": ...} or TensorRT-LLM's EPLB YAML"),
+        ("[1, 2]", "a JSON list, not a placement: a placement file is turbospark place's JSON, "
+         "SGLang's {\"physical_to_logical_map\": ...} or TensorRT-LLM's EPLB YAML"),
     ],
 )
 def test_bad_placement_files_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], text: str, message: str) -> None:
     path = write_capture(tmp_path / "c.json", DOC)
     placement = tmp_path / "bad.txt"
     placement.write_text(text)
-    assert main(["analyze", path, "--placement", str(placement), "--gpus", "4" if "divide" in message else "2"]) == 2
+    gpus = [] if "inputs" in text else ["--gpus", "4" if "divide" in message else "2"]
+    assert main(["analyze", path, "--placement", str(placement), *gpus]) == 2
     assert capfd.readouterr() == ("", f"turbospark: {placement}: {message}\n")
+
+
+def test_a_capture_given_as_the_placement_is_named_not_echoed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    # An 80 KB capture was once echoed whole to stderr as a line that is not TensorRT-LLM YAML.
+    big = write_capture(tmp_path / "big.json", traced(4, 2, [PASSES * 2000, []]))
+    assert Path(big).stat().st_size > 70_000
+    assert main(["analyze", path, "--placement", big, "--gpus", "2"]) == 2
+    assert capfd.readouterr() == ("", (
+        f"turbospark: {big}: this is a capture, not a placement: a placement file is turbospark place's JSON, "
+        "SGLang's {\"physical_to_logical_map\": ...} or TensorRT-LLM's EPLB YAML (make one with turbospark place)\n"))
 
 
 def test_gpus_without_a_placement_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -311,15 +311,22 @@ def _int_rows(value: Any, key: str, num_layers: int) -> list[np.ndarray]:
         if not row:
             rows.append(np.zeros(0, dtype=np.int64))
             continue
-        # bool is an int subclass and 1.0 would be cast silently: reject both.
-        bad = next((v for v in row if type(v) is not int), None)
-        if bad is not None:
-            raise ValueError(f"{where} must hold integers only, found {bad!r}")
+        # bool is an int subclass and 1.0 would be cast silently: reject both
+        # (and null, which is None: the search's default cannot be None).
+        bad = next((index for index, v in enumerate(row) if type(v) is not int), -1)
+        if bad >= 0:
+            raise ValueError(f"{where} must hold integers only, found {_shown(row[bad])}")
         try:
             rows.append(np.array(row, dtype=np.int64))
         except OverflowError:
             raise ValueError(f"{where} holds an integer too large for a count or an id") from None
     return rows
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a nested object may be the size of a whole file."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_non_negative(row: np.ndarray, where: str) -> None:
@@ -390,16 +397,18 @@ def _router_logits(value: Any, num_layers: int) -> RouterLogits | None:
         raise ValueError(f"router_logits must be an object, got {type(value).__name__}")
     for key in ("layer", "pass"):
         if type(value.get(key)) is not int or value[key] < 0:
-            raise ValueError(f"router_logits.{key} must be a non-negative integer")
+            got = f", got {_shown(value[key])}" if key in value else " (missing)"
+            raise ValueError(f"router_logits.{key} must be a non-negative integer{got}")
     if value["layer"] >= num_layers:
         raise ValueError(f"router_logits.layer {value['layer']} is not below num_layers={num_layers}")
     values = value.get("values")
     if values is not None:
         # The Python recorder writes a non-finite logit as null; read it as NaN.
-        if not isinstance(values, list) or any(
-            v is not None and type(v) not in (int, float) for v in values
-        ):
-            raise ValueError("router_logits.values must be a list of numbers or null")
+        if not isinstance(values, list):
+            raise ValueError(f"router_logits.values must be a list of numbers or null, got {_shown(values)}")
+        for index, v in enumerate(values):
+            if v is not None and type(v) not in (int, float):
+                raise ValueError(f"router_logits.values[{index}] must be a number or null, found {_shown(v)}")
         values = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     return RouterLogits(value["layer"], value["pass"], values)
 

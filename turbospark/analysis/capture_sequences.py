@@ -1,22 +1,44 @@
-"""Reading a capture's per-pass sequence information, for the analyses that form batches or merge.
+"""Reading a capture's per-pass sequence information, for the analyses that form batches, split or merge.
 
 ``turbospark.load`` validates the ``seq`` / ``phase`` keys (one entry per
 pass of each layer; phase 0 = prompt, 1 = decode) into ``Capture.seq`` and
-``Capture.phase``; this module pairs them up, counts passes, and forms the
-serving iterations a continuous-batching server would have run them in
-(``place --batch`` and ``cache --shared --batch`` share that definition).
+``Capture.phase``; this module pairs them up, counts passes, and splits a
+trace into fit and test passes (``fit_split``, shared by ``place --fit`` and
+``analyze --holdout``):
+
+* The fraction F is taken exactly: a float is read as the decimal it prints
+  as (``0.29`` is 29/100, not the binary double just below it), so the cut
+  is floor(F x N) computed in integers (``--fit 0.29`` of 100 passes fits 29).
+* With sequence tags (``seq``), a layer is split by sequence: its sequences,
+  in order of first appearance in the layer's passes, the first floor(F x S)
+  of its S sequences are the fit sequences and all their passes the fit
+  passes; the other sequences' passes are the test passes. So on a batched
+  capture both halves hold prompt and decode passes (a split by position
+  puts every prompt first). A layer whose passes all belong to one sequence
+  (a batch-1 ``generate``) has nothing to split by and is split by position.
+* Without sequence tags, a layer's first floor(F x P) passes are the fit
+  passes and the rest the test passes.
+
+It also forms the serving iterations a continuous-batching server would have
+run the passes in (``serving_iterations``: ``place --batch`` and ``cache
+--shared --batch`` share that definition).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Optional
+from fractions import Fraction
+from typing import Optional, Union
 
 import numpy as np
 
 from .capture import Capture
 
-__all__ = ["Sequences", "layer_passes", "sequences", "serving_iterations"]
+__all__ = ["SPLIT_BY_PASSES", "SPLIT_BY_SEQUENCES", "Sequences", "exact_fraction", "fit_split",
+           "layer_passes", "sequences", "serving_iterations", "split_unit"]
+
+SPLIT_BY_SEQUENCES = "sequences"
+SPLIT_BY_PASSES = "passes"
 
 Sequences = tuple[list[np.ndarray], list[np.ndarray]]
 
@@ -69,3 +91,51 @@ def serving_iterations(seq: np.ndarray, phase: np.ndarray, batch: int) -> np.nda
         start[index] = at
         heapq.heappush(free, at + int(length[index]))
     return start[inverse] + step
+
+
+def exact_fraction(value: Union[float, int, str, Fraction]) -> Fraction:
+    """``value`` as an exact fraction: a float as the decimal it prints as, anything else as given.
+
+    Raises ``ValueError`` when it is not a finite number.
+    """
+    try:
+        return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+    except (ValueError, TypeError, ZeroDivisionError):
+        raise ValueError(f"expected a finite number, got {value!r}") from None
+
+
+def fit_split(capture: Capture, fit: Fraction) -> tuple[list[np.ndarray], list[str]]:
+    """Per layer of the capture's trace, a boolean mask over its passes (True: a fit pass),
+    and how the layer was split (``SPLIT_BY_SEQUENCES`` or ``SPLIT_BY_PASSES``); see the module docstring."""
+    if capture.trace is None:
+        raise ValueError("a split needs the capture's trace: counts alone do not say which passes came first")
+    masks, kinds = [], []
+    for layer, ids in enumerate(capture.trace):
+        passes = int(ids.shape[0])
+        seq = None if capture.seq is None else capture.seq[layer]
+        if seq is not None:
+            found, first = np.unique(seq, return_index=True)
+            if found.shape[0] != 1:
+                order = found[np.argsort(first, kind="stable")]
+                keep = order[: _floor(fit, order.shape[0])]
+                masks.append(np.isin(seq, keep))
+                kinds.append(SPLIT_BY_SEQUENCES)
+                continue
+        masks.append(np.arange(passes) < _floor(fit, passes))
+        kinds.append(SPLIT_BY_PASSES)
+    return masks, kinds
+
+
+def split_unit(kinds: list[str]) -> str:
+    """What the fit fraction counted, for a report line: "passes", "sequences", or both."""
+    found = set(kinds)
+    if found == {SPLIT_BY_SEQUENCES}:
+        return "sequences"
+    if SPLIT_BY_SEQUENCES in found:
+        return "sequences (passes in a layer of one sequence)"
+    return "passes"
+
+
+def _floor(fit: Fraction, n: int) -> int:
+    """floor(fit x n), exactly."""
+    return fit.numerator * n // fit.denominator

@@ -1,7 +1,12 @@
 """``analyze --holdout F``: the smallest expert sets, chosen on the first passes, judged on the rest.
 
 Per layer with a trace of P passes: the first floor(F x P) passes are the
-fit passes, the others the test passes. For each coverage fraction f, the
+fit passes, the others the test passes; with sequence tags (``seq``), whole
+sequences are split instead: the first floor(F x S) of the layer's S
+sequences, in order of first appearance, are fit, so both halves hold prompt
+and decode passes (a layer of one sequence is split by position). F is
+taken exactly (``0.29`` of 100 passes fits 29); see
+``turbospark.analysis.capture_sequences.fit_split``. For each coverage fraction f, the
 set is the fewest experts whose fit counts, largest first (lower id first on
 ties), reach f of the fit selections (the in-sample ``coverage`` of
 ``analyze``). Reported on the test passes: ``selections``, the share of the
@@ -13,12 +18,14 @@ counts do not say which passes came first.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from fractions import Fraction
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from .metrics import COVERAGE_FRACTIONS, coverage
 from .capture import Capture
+from .capture_sequences import exact_fraction, fit_split, split_unit
 
 __all__ = ["NO_TRACE", "covered", "holdout", "holdout_lines", "top_set"]
 
@@ -42,36 +49,40 @@ def covered(ids: np.ndarray, mask: np.ndarray) -> tuple[Optional[float], Optiona
     return float(inside.sum()) / ids.size, float(inside.all(axis=1).sum()) / ids.shape[0]
 
 
-def holdout(capture: Capture, fit: float) -> dict[str, Any]:
-    """The ``holdout`` document for fraction ``fit`` (0 < F < 1).
+def holdout(capture: Capture, fit: Union[float, Fraction]) -> dict[str, Any]:
+    """The ``holdout`` document for fraction ``fit`` (0 < F < 1; a float is read as the decimal it prints as).
 
     ``{"fraction": F, "reason": null or why not, "layers": [{"layer",
-    "fit_passes", "test_passes", "sets": {f: {"experts", "selections",
-    "passes"}} or null}]}``; ``layers`` is empty without a trace. Raises
-    ``ValueError`` for F outside (0, 1).
+    "fit_passes", "test_passes", "split": "sequences" or "passes", "sets":
+    {f: {"experts", "selections", "passes"}} or null}]}``; ``layers`` is
+    empty without a trace. Raises ``ValueError`` for F outside (0, 1).
     """
-    if not 0 < fit < 1:
+    exact = exact_fraction(fit)
+    if not 0 < exact < 1:
         raise ValueError(f"--holdout must be strictly between 0 and 1, got {fit}")
     if capture.trace is None:
-        return {"fraction": fit, "reason": NO_TRACE, "layers": []}
+        return {"fraction": float(fit), "reason": NO_TRACE, "layers": []}
     layers = []
-    for layer, ids in enumerate(capture.trace):
-        cut = int(fit * ids.shape[0])
-        fit_counts = np.bincount(ids[:cut].ravel(), minlength=capture.num_experts)
+    masks, kinds = fit_split(capture, exact)
+    for layer, (ids, mask, kind) in enumerate(zip(capture.trace, masks, kinds)):
+        fit_counts = np.bincount(ids[mask].ravel(), minlength=capture.num_experts)
         sizes = coverage(fit_counts)
         sets = None
         if sizes is not None:
             sets = {}
             for f, size in sizes.items():
-                selections, passes = covered(ids[cut:], top_set(fit_counts, size))
+                selections, passes = covered(ids[~mask], top_set(fit_counts, size))
                 sets[f] = {"experts": size, "selections": selections, "passes": passes}
-        layers.append({"layer": layer, "fit_passes": cut, "test_passes": int(ids.shape[0]) - cut, "sets": sets})
-    return {"fraction": fit, "reason": None, "layers": layers}
+        fit_passes = int(mask.sum())
+        layers.append({"layer": layer, "fit_passes": fit_passes, "test_passes": int(ids.shape[0]) - fit_passes,
+                       "split": kind, "sets": sets})
+    return {"fraction": float(fit), "reason": None, "layers": layers}
 
 
 def holdout_lines(doc: dict[str, Any]) -> list[str]:
     """The text report's holdout section."""
-    head = f"holdout: sets chosen on the first {doc['fraction']:g} of each layer's passes, judged on the rest"
+    unit = split_unit([row["split"] for row in doc["layers"]])
+    head = f"holdout: sets chosen on the first {doc['fraction']:g} of each layer's {unit}, judged on the rest"
     if doc["reason"] is not None:
         return ["", f"{head}: not computable: {doc['reason']}"]
     out = ["", head + " (n experts: share of test selections / of test passes wholly covered):"]

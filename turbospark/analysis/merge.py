@@ -9,9 +9,18 @@
   (0 for a capture without sequence information) plus an offset, the sum of
   the widths (largest sequence id + 1, or 0 without passes) of the inputs
   before it; ``phase`` is copied (1, decode, without sequence information).
-  So window and per-sequence metrics never join passes of two ranks. ``seq``
-  and ``phase`` are written when the inputs hold a trace or sequence
-  information; counts-only captures merge to counts only.
+  So window and per-sequence metrics never join passes of two ranks. With a
+  trace, ``seq`` and ``phase`` are always written. Counts-only captures carry
+  them only when every input has them: a counts-only input without them
+  would need one entry per pass to stay apart (the file would grow from
+  L x E numbers to L x passes), so the merge is then counts only and
+  ``dropped_sequences`` says which inputs caused it.
+* A shifted sequence id and a summed count must fit in int64 (what ``turbospark.load`` reads);
+  otherwise ``ValueError`` names the file and the value, before anything is written.
+  So does a counts-only merge whose tags would not match its summed passes.
+* ``pilot_distance`` (a model capture whose probe crossed a dense layer) is
+  kept when every input has the same one; inputs that differ (or one with
+  it, one without) are refused, naming the files and both values.
 * Predictions align with passes by index, so each input but the last must
   hold as many predictions as passes in every layer where any input holds
   predictions; otherwise the later files' predictions would shift.
@@ -20,7 +29,10 @@
 
 The same inputs in any grouping (``merge(merge(A, B), C)``, ``merge(A,
 merge(B, C))``, ``merge(A, B, C)``) give byte-identical files: sums and
-concatenations are associative, and the offsets are sums of widths.
+concatenations are associative, the offsets are sums of widths, and a
+counts-only merge holds sequence information exactly when all of its inputs
+do (so an inner merge without it makes every grouping that contains it
+counts only, as the flat merge is).
 """
 
 from __future__ import annotations
@@ -33,15 +45,26 @@ from ..recording._f32display import format_f32_row
 from .capture_sequences import Sequences, layer_passes
 from .capture import Capture
 
-__all__ = ["merge_captures"]
+__all__ = ["dropped_sequences", "merge_captures"]
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> str:
-    """Merge (name, capture, (seq, phase) or None) triples; returns the JSON text (no newline, as the recorder writes)."""
+    """Merge (name, capture, (seq, phase) or None) triples; returns the JSON text (no newline, as the recorder writes).
+
+    Raises ``ValueError`` naming the files when the captures do not fit
+    together (geometry, what was recorded, ``pilot_distance``, predictions
+    that would shift, sequence ids or summed counts beyond int64, counts-only
+    tags that would not match the summed passes).
+    """
     _check(inputs)
     first_name, first, _ = inputs[0]
+    with_sequences = first.trace is not None or all(seqs is not None for _, _, seqs in inputs)
+    # Everything that can fail is computed before the text is assembled.
+    counts = _summed(inputs)
+    seq_phase = _sequences(inputs, counts) if with_sequences else None
     captures = [capture for _, capture, _ in inputs]
-    counts = sum((c.counts for c in captures[1:]), captures[0].counts.copy())
     parts = [f'{{"num_layers":{first.num_layers},"num_experts":{first.num_experts},"top_k":{first.top_k}',
              f',"counts":{_rows(list(counts))}']
     if first.trace is not None:
@@ -52,11 +75,22 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
         logits = first.router_logits
         values = "null" if logits.values is None else format_f32_row(logits.values.astype(np.float32))
         parts.append(f',"router_logits":{{"layer":{logits.layer},"pass":{logits.pass_index},"values":{values}}}')
-    if first.trace is not None or any(seqs is not None for _, _, seqs in inputs):
-        seq, phase = _sequences(inputs)
+    if seq_phase is not None:
+        seq, phase = seq_phase
         parts.append(f',"seq":{_rows(seq)},"phase":{_rows(phase)}')
+    if first.pilot_distance is not None:
+        parts.append(f',"pilot_distance":[{",".join(map(str, first.pilot_distance))}]')
     parts.append("}")
     return "".join(parts)
+
+
+def dropped_sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> Optional[list[str]]:
+    """The names of the counts-only inputs without sequence information when
+    some counts-only input has it (their merge then carries none); else None."""
+    if inputs[0][1].trace is not None:
+        return None
+    without = [name for name, _, seqs in inputs if seqs is None]
+    return without if 0 < len(without) < len(inputs) else None
 
 
 def _check(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> None:
@@ -72,6 +106,10 @@ def _check(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> None:
             if has(capture) != has(first):
                 with_it, without = (first_name, name) if has(first) else (name, first_name)
                 raise ValueError(f"cannot merge {with_it} and {without}: {with_it} has {what}, {without} has not")
+        if capture.pilot_distance != first.pilot_distance:
+            raise ValueError(
+                f"cannot merge {first_name} and {name}: different pilot_distance "
+                f"({_distance(first)} against {_distance(capture)})")
     if first.pred is None:
         return
     for layer in range(first.num_layers):
@@ -85,6 +123,12 @@ def _check(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> None:
                     f"{passes} passes, so the predictions of the files after it would not line up with their passes")
 
 
+def _distance(c: Capture) -> str:
+    if c.pilot_distance is None:
+        return "none: every prediction one layer ahead"
+    return "[" + ",".join(map(str, c.pilot_distance)) + "]"
+
+
 def _shape(c: Capture) -> str:
     return f"{c.num_layers} layers x {c.num_experts} experts, top-{c.top_k}"
 
@@ -93,21 +137,52 @@ def _joined(rows: list, num_layers: int) -> list[np.ndarray]:
     return [np.concatenate([r[layer].reshape(-1) for r in rows]) for layer in range(num_layers)]
 
 
-def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _summed(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> np.ndarray:
+    """The summed counts; raises ``ValueError`` rather than let int64 wrap to a negative count."""
+    total = inputs[0][1].counts.copy()
+    for name, capture, _ in inputs[1:]:
+        over = total > _INT64_MAX - capture.counts
+        if over.any():
+            layer, expert = np.argwhere(over)[0].tolist()
+            raise ValueError(
+                f"cannot merge {name}: layer {layer}, expert {expert} would count "
+                f"{int(total[layer, expert]) + int(capture.counts[layer, expert])}, beyond int64 ({_INT64_MAX})")
+        total += capture.counts
+    return total
+
+
+def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]],
+               counts: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
     offset = 0
     seq_parts, phase_parts = [], []
-    for _, capture, seqs in inputs:
+    for name, capture, seqs in inputs:
         passes = layer_passes(capture)
         if seqs is None:
             seq = [np.zeros(n, dtype=np.int64) for n in passes]
             phase = [np.ones(n, dtype=np.int64) for n in passes]
         else:
             seq, phase = seqs
+        # The width of an input: its largest sequence id + 1, or 0 when it has no passes.
+        width = max((int(row.max()) + 1 for row in seq if row.size), default=0)
+        if width and offset + width - 1 > _INT64_MAX:
+            raise ValueError(
+                f"cannot merge {name}: its sequence id {width - 1} shifted by {offset} (the widths of the "
+                f"captures before it) is {offset + width - 1}, beyond the largest id a capture holds "
+                f"({_INT64_MAX}); merge fewer captures, or captures with smaller sequence ids")
         seq_parts.append([row + offset for row in seq])
         phase_parts.append(phase)
-        # The width of an input: its largest sequence id + 1, or 0 when it has no passes.
-        offset += max((int(row.max()) + 1 for row in seq if row.size), default=0)
-    layers = len(inputs[0][1].counts)
+        offset += width
+    first = inputs[0][1]
+    if first.trace is None and first.top_k:
+        # Counts only: the loader reads the merged passes as summed selections // top_k.
+        for layer, total in enumerate(counts.sum(axis=1).tolist()):
+            held = sum(int(part[layer].shape[0]) for part in seq_parts)
+            if total // first.top_k != held:
+                raise ValueError(
+                    f"cannot merge: layer {layer} holds {total} selections in all, {total // first.top_k} "
+                    f"passes of top_k={first.top_k}, but the inputs tag {held}: some input's selections are "
+                    "not whole passes, so the merged seq would not line up with its passes")
+    layers = len(first.counts)
     return _joined(seq_parts, layers), _joined(phase_parts, layers)
 
 

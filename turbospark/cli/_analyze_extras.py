@@ -1,5 +1,5 @@
 """``turbospark analyze`` additions: ``--placement FILE`` (per-layer imbalance of a placement)
-and ``--holdout F`` (coverage sets chosen on the first passes, judged on the rest)."""
+and ``--holdout F`` (coverage sets chosen on the first passes or sequences, judged on the rest)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -
                         help="GPUs of a --placement file that does not say (SGLang's, TensorRT-LLM's)")
     parser.add_argument("--holdout", type=fraction, metavar="F",
                         help="choose coverage sets on the first fraction F of each layer's passes "
-                        "and report how they cover the rest (needs the trace)")
+                        "and report how they cover the rest (needs the trace); with sequence tags (seq), "
+                        "on the first floor(F x S) of its S sequences in order of first appearance, whole")
 
 
 def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:

@@ -218,7 +218,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 
 def _report(capture: Capture, args: argparse.Namespace, *, self_testing: bool = False, extra: Any = None) -> int:
-    """Analyse and print (with ``extra``: keys and lines from ``_cli_analyze_extras``);
+    """Analyse and print (with ``extra``: keys and lines from ``_analyze_extras``);
     returns the exit status the checks call for."""
     result = analyze(capture, args.window or DEFAULT_WINDOWS, args.cache or ())
     out = sys.stdout

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from ._io import UsageError, emit, read_capture, run_guarded
+from ..analysis.capture_sequences import exact_fraction
 from ..placement.document import build, summary_lines
 from ..placement.formats import FORMATS, render
 
@@ -32,11 +34,15 @@ def add_commands(commands: Any, positive: Any) -> None:
     cmd.add_argument("--groups", type=positive, metavar="X",
                      help="expert groups; all replicas of a group's experts stay on one node")
     cmd.add_argument("--fit", type=fraction, metavar="F",
-                     help="choose from the first fraction F of each layer's passes, judge on the rest (needs the trace)")
+                     help="choose from the first fraction F of each layer's passes, judge on the rest (needs the "
+                     "trace); with sequence tags (seq), from the first floor(F x S) of its S sequences in order "
+                     "of first appearance, whole, so both halves hold prompt and decode")
     cmd.add_argument("--batch", type=positive, metavar="B",
                      help="also report imbalance per serving batch of B passes (needs the trace)")
     cmd.add_argument("--format", choices=FORMATS, default="json", help="output format (default json)")
-    cmd.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
+    cmd.add_argument("-o", "--output", metavar="FILE",
+                     help="file to write, - for stdout (default: stdout when it is not a terminal; "
+                     "on a terminal only the summary is printed)")
     cmd.set_defaults(run=lambda args: run_guarded(_run_place, args))
 
     export = commands.add_parser(
@@ -50,10 +56,10 @@ def add_commands(commands: Any, positive: Any) -> None:
     export.set_defaults(run=lambda args: run_guarded(_run_export, args))
 
 
-def fraction(text: str) -> float:
-    """argparse type: a number strictly between 0 and 1."""
+def fraction(text: str) -> Fraction:
+    """argparse type: a number strictly between 0 and 1, read exactly (``0.29`` is 29/100)."""
     try:
-        value = float(text)
+        value = exact_fraction(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0 < value < 1:
@@ -67,12 +73,18 @@ def _run_place(args: argparse.Namespace) -> int:
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
                            source=args.capture)
     routed = [layer for layer, total in enumerate(capture.totals.tolist()) if total > 0]
-    emit(render(args.format, doc, placement.phy2log, routed), args.output)
-    # The document goes to stdout without -o; the summary then goes to stderr.
-    out = sys.stderr if args.output in (None, "-") else sys.stdout
+    # Without -o on a terminal, the document (often hundreds of KB) would bury
+    # the summary: print only the summary and how to save the file.
+    held_back = args.output is None and sys.stdout.isatty()
+    if not held_back:
+        emit(render(args.format, doc, placement.phy2log, routed), args.output)
+    # The document goes to stdout without -o (or with -o -); the summary then goes to stderr.
+    out = sys.stderr if args.output in (None, "-") and not held_back else sys.stdout
     for line in summary_lines(doc):
         print(line, file=out)
-    if args.output not in (None, "-"):
+    if held_back:
+        print(f"placement not written ({args.format}): give -o FILE to save it, or -o - to print it here", file=out)
+    elif args.output != "-" and args.output is not None:
         print(f"wrote {args.output} ({args.format})", file=out)
     return 0
 

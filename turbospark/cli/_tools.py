@@ -29,8 +29,8 @@ def add_commands(commands: Any) -> None:
     merge = commands.add_parser(
         "merge", help="join the per-rank captures of one run into one capture",
         description="Merge captures of one run (one per rank): counts are summed; traces, "
-        "predictions and sequence ids are kept apart as separate sequences. Any grouping of "
-        "merges gives the same bytes.",
+        "predictions and sequence ids are kept apart as separate sequences (counts-only captures "
+        "keep sequence ids only when all of them have some). Any grouping of merges gives the same bytes.",
     )
     merge.add_argument("inputs", metavar="CAPTURE", nargs="+", help="capture JSON files (at least two)")
     merge.add_argument("-o", "--output", metavar="FILE", required=True, help="merged capture to write")
@@ -52,7 +52,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from ..analysis.merge import merge_captures
+    from ..analysis.merge import dropped_sequences, merge_captures
 
     if len(args.inputs) < 2:
         raise UsageError("merge needs at least two captures")
@@ -61,5 +61,9 @@ def _run_merge(args: argparse.Namespace) -> int:
         capture, seqs = read_capture(path, with_sequences=True)
         inputs.append((path, capture, seqs))
     emit(merge_captures(inputs), args.output)
+    dropped = dropped_sequences(inputs)
+    if dropped is not None:
+        print(f"turbospark: note: {', '.join(dropped)} hold no sequence tags (seq/phase), so the merged "
+              "counts-only capture carries none", file=sys.stderr)
     print(f"merged {len(args.inputs)} captures into {args.output}")
     return 0

@@ -6,7 +6,7 @@ Layout::
     {"inputs": {"capture", "num_layers", "num_experts", "top_k", "gpus", "slots",
                 "nodes", "groups", "fit", "batch", "batches"},
      "physical_to_logical_map": [[S ints] x L], "replica_counts": [[E ints] x L],
-     "layers": [{"layer", "fit_passes", "test_passes", "published_max_load",
+     "layers": [{"layer", "fit_passes", "test_passes", "split", "published_max_load",
                  "before": EVAL, "after": EVAL}],
      "summary": {"routed_layers", "before": MEANS, "after": MEANS}}
 
@@ -17,16 +17,20 @@ STATS = {"imbalance", "balancedness", "max_load", "mean_load"}; BATCH =
 the mean of each imbalance over the routed layers (those with counts), null
 when no layer has a value. ``published_max_load``: the in-sample busiest-GPU
 load of DeepSeek's published greedy on the same inputs, for comparison.
+``split``: with ``--fit``, how the layer's passes were split ("sequences":
+whole sequences, in order of first appearance; "passes": by position; see
+``turbospark.placement.samples``), else null.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from fractions import Fraction
+from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..analysis.capture_sequences import Sequences
+from ..analysis.capture_sequences import Sequences, split_unit
 from ..analysis.capture import Capture
 from . import Placement, place
 from .evaluate import gpu_loads, imbalance, layer_stats, trivial_map
@@ -38,7 +42,7 @@ _KINDS = ("in_sample", "out_of_sample", "batch_in_sample", "batch_out_of_sample"
 
 
 def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: int = 1,
-          groups: Optional[int] = None, fit: Optional[float] = None, batch: Optional[int] = None,
+          groups: Optional[int] = None, fit: Optional[Union[float, Fraction]] = None, batch: Optional[int] = None,
           seqs: Optional[Sequences] = None, source: Optional[str] = None) -> tuple[dict[str, Any], Placement]:
     """Place ``capture``'s experts and evaluate the result; returns (document, placement).
 
@@ -63,6 +67,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
             "layer": layer,
             "fit_passes": None if parts.fit_passes is None else parts.fit_passes[layer],
             "test_passes": None if parts.test_passes is None else parts.test_passes[layer],
+            "split": None if parts.kinds is None else parts.kinds[layer],
             "published_max_load": float(published[layer]),
             "before": evals["before"][layer],
             "after": evals["after"][layer],
@@ -71,7 +76,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
     doc = {
         "inputs": {
             "capture": source, **capture.header, "gpus": gpus, "slots": placement.phy2log.shape[1],
-            "nodes": nodes, "groups": groups, "fit": fit, "batch": batch,
+            "nodes": nodes, "groups": groups, "fit": None if fit is None else float(fit), "batch": batch,
             "batches": None if batch is None else ("concurrent sequences" if seqs is not None
                                                    else "consecutive passes"),
         },
@@ -104,13 +109,13 @@ def _evaluate(capture: Capture, parts: Split, phy2log: np.ndarray, gpus: int,
                                "batch_in_sample": None, "batch_out_of_sample": None}
         if batch is not None and capture.trace is not None:
             ids = capture.trace[layer]
-            cut = parts.fit_passes[layer] if parts.fit_passes is not None else ids.shape[0]
-            windows = {"batch_in_sample": (0, cut)}
-            if parts.test is not None:
-                windows["batch_out_of_sample"] = (cut, ids.shape[0])
-            for key, (start, stop) in windows.items():
-                counts = batch_counts(ids[start:stop], capture.num_experts, batch,
-                                      window_sequences(seqs, layer, start, stop))
+            windows: dict[str, Any] = {"batch_in_sample": slice(None)}
+            if parts.fit_masks is not None:
+                mask = parts.fit_masks[layer]
+                windows = {"batch_in_sample": mask, "batch_out_of_sample": ~mask}
+            for key, which in windows.items():
+                counts = batch_counts(ids[which], capture.num_experts, batch,
+                                      window_sequences(seqs, layer, which))
                 row[key] = _batch_mean(phy2log[layer], counts, gpus)
         rows.append(row)
     return rows
@@ -140,8 +145,9 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
              f"{inputs['slots']} slots, {inputs['gpus']} GPUs"
              + (f", {inputs['groups']} groups on {inputs['nodes']} nodes" if inputs["groups"] else "")
              + f"; mean imbalance (max - mean) / mean over {summary['routed_layers']} routed layers:"]
-    labels = {"in_sample": "in sample" + (f" (first {inputs['fit']:g} of passes)" if inputs["fit"] else ""),
-              "out_of_sample": "out of sample (the remaining passes)",
+    unit = split_unit([row["split"] for row in doc["layers"] if row["split"] is not None])
+    labels = {"in_sample": "in sample" + (f" (first {inputs['fit']:g} of {unit})" if inputs["fit"] else ""),
+              "out_of_sample": "out of sample (the remaining " + ("sequences)" if unit != "passes" else "passes)"),
               "batch_in_sample": f"per batch of {inputs['batch']} ({inputs['batches']}), in sample",
               "batch_out_of_sample": f"per batch of {inputs['batch']}, out of sample"}
     for kind, label in labels.items():

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.capture import _shown
+
 __all__ = ["FORMATS", "parse_trtllm", "read_placement", "render", "sglang_text", "trtllm_text"]
 
 FORMATS = ("json", "sglang", "trtllm")
@@ -78,7 +80,7 @@ def parse_trtllm(text: str) -> tuple[dict[int, list[int]], int]:
             if key == "num_slots":
                 num_slots = int(value)
             continue
-        raise ValueError(f"line {number} is not part of a TensorRT-LLM EPLB file: {line!r}")
+        raise ValueError(f"line {number} is not part of a TensorRT-LLM EPLB file: {_shown(line)}")
     if num_slots is None:
         raise ValueError("no num_slots in the TensorRT-LLM EPLB file")
     return rows, num_slots
@@ -92,13 +94,18 @@ def read_placement(
     ``text`` is turbospark's JSON (it holds the GPU count), SGLang's JSON or
     TensorRT-LLM's YAML (these need ``gpus``; layers the YAML leaves out get
     the trivial map). Raises ``ValueError`` naming the problem: unreadable
-    file, wrong layer count, an expert id outside the capture, an expert with
-    no slot, slots not divisible by the GPU count.
+    file, a JSON document that is not a placement (a capture, say), wrong
+    layer count, empty rows, an expert id outside the capture, an expert with
+    no slot, slots not divisible by the GPU count. Values it quotes are cut
+    to 60 characters.
     """
     try:
         doc = json.loads(text)
     except ValueError:
         doc = None
+        is_json = False
+    else:
+        is_json = True
     if isinstance(doc, dict) and "physical_to_logical_map" in doc:
         rows = doc["physical_to_logical_map"]
         if gpus is None:
@@ -107,17 +114,24 @@ def read_placement(
             raise ValueError("physical_to_logical_map must be a non-empty list of rows")
         if len({len(r) for r in rows}) != 1:
             raise ValueError("the rows of physical_to_logical_map differ in length")
-        phy2log = np.array(rows, dtype=np.int64) if all(type(v) is int for r in rows for v in r) else None
-        if phy2log is None:
-            raise ValueError("physical_to_logical_map must hold integers only")
+        bad = [v for r in rows for v in r if type(v) is not int][:1]
+        if bad:
+            raise ValueError(f"physical_to_logical_map must hold integers only, found {_shown(bad[0])}")
+        # Range-check as Python ints: an id beyond int64 would overflow numpy, not name itself.
+        _check_ids((v for r in rows for v in r), num_experts)
+        phy2log = np.array(rows, dtype=np.int64)
+    elif is_json:
+        raise ValueError(_not_a_placement(doc))
     else:
         assignments, slots = parse_trtllm(text)
-        phy2log = np.broadcast_to(np.arange(slots) % max(num_experts, 1), (num_layers, slots)).copy()
         for layer, row in assignments.items():
             if layer >= num_layers:
                 raise ValueError(f"layer {layer} of the placement is not below num_layers={num_layers}")
             if len(row) != slots:
                 raise ValueError(f"layer {layer} lists {len(row)} experts, not num_slots={slots}")
+            _check_ids(row, num_experts)
+        phy2log = np.broadcast_to(np.arange(slots) % max(num_experts, 1), (num_layers, slots)).copy()
+        for layer, row in assignments.items():
             phy2log[layer] = row
     if gpus is None:
         raise ValueError("this placement file does not say how many GPUs it is for: give --gpus")
@@ -125,13 +139,36 @@ def read_placement(
     return phy2log, int(gpus)
 
 
+_PLACEMENT_FILES = ("a placement file is turbospark place's JSON, SGLang's {\"physical_to_logical_map\": ...} "
+                    "or TensorRT-LLM's EPLB YAML")
+
+
+def _not_a_placement(doc: Any) -> str:
+    """Why a JSON document ``doc`` without ``physical_to_logical_map`` is not a placement file."""
+    if isinstance(doc, dict) and "counts" in doc and "num_experts" in doc:
+        return f"this is a capture, not a placement: {_PLACEMENT_FILES} (make one with turbospark place)"
+    if isinstance(doc, dict):
+        keys = ", ".join(_shown(key, 20) for key in sorted(doc)[:5]) + (", ..." if len(doc) > 5 else "")
+        return f"a JSON object without physical_to_logical_map (keys: {keys or 'none'}): {_PLACEMENT_FILES}"
+    return f"a JSON {type(doc).__name__}, not a placement: {_PLACEMENT_FILES}"
+
+
+def _check_ids(ids: Any, num_experts: int) -> None:
+    """Raise ``ValueError`` naming the first id outside 0..num_experts-1 (Python ints, any size)."""
+    bad = next((v for v in ids if not 0 <= v < num_experts), None)
+    if bad is not None:
+        raise ValueError(f"the placement holds expert id {_shown(bad)}, outside 0..{num_experts - 1}")
+
+
 def check_map(phy2log: np.ndarray, num_layers: int, num_experts: int, gpus: int) -> None:
     """Raise ``ValueError`` unless ``phy2log`` is an (L, S) map of valid experts, each placed, S % gpus == 0."""
     layers, slots = phy2log.shape
     if layers != num_layers:
         raise ValueError(f"the placement has {layers} layers, the capture {num_layers}")
+    if slots == 0:
+        raise ValueError("the placement's rows are empty: every layer needs a slot for each expert")
     if type(gpus) is not int or gpus < 1 or slots % gpus:
-        raise ValueError(f"{slots} slots do not divide over {gpus!r} GPUs")
+        raise ValueError(f"{slots} slots do not divide over {_shown(gpus)} GPUs")
     low, high = int(phy2log.min()), int(phy2log.max())
     if low < 0 or high >= num_experts:
         raise ValueError(f"the placement holds expert id {low if low < 0 else high}, outside 0..{num_experts - 1}")

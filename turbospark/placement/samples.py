@@ -1,9 +1,14 @@
 """The passes a placement is chosen from and judged on: fit/test splits and serving batches.
 
-* ``split(capture, fit)``: with ``fit`` = F, each layer's first floor(F x P)
-  traced passes are the in-sample (fit) passes and the rest the
-  out-of-sample (test) passes; without F, the whole capture's counts are
-  both the fit and the in-sample window, and there is no test window.
+* ``split(capture, fit)``: with ``fit`` = F, each layer's traced passes are
+  split into in-sample (fit) and out-of-sample (test) passes by
+  ``turbospark.analysis.capture_sequences.fit_split``: with sequence tags,
+  whole sequences (the first floor(F x S) of the layer's S sequences, in
+  order of first appearance) are fit and the others test; without them (or
+  in a layer of one sequence), the first floor(F x P) passes are fit and the
+  rest test; F is taken exactly (``0.29`` of 100 passes is 29). Without F,
+  the whole capture's counts are both the fit and the in-sample window, and
+  there is no test window.
 * ``batch_counts``: the counts of each serving batch of B passes in a window.
   Without sequence information, a batch is B consecutive passes (the
   recorder's pass order; a shorter tail is left out). With it (the ``seq``
@@ -18,11 +23,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from fractions import Fraction
+from typing import Optional, Union
 
 import numpy as np
 
-from ..analysis.capture_sequences import Sequences, serving_iterations as _continuous_batches
+from ..analysis.capture_sequences import Sequences, exact_fraction, fit_split
+from ..analysis.capture_sequences import serving_iterations as _continuous_batches
 from ..analysis.capture import Capture
 
 __all__ = ["Split", "batch_counts", "split"]
@@ -31,16 +38,21 @@ __all__ = ["Split", "batch_counts", "split"]
 @dataclass(frozen=True)
 class Split:
     """Per layer: ``fit`` (L, E) counts; ``test`` (L, E) counts or None; the
-    pass ranges ``fit_passes`` / ``test_passes`` per layer (None without a trace)."""
+    pass counts ``fit_passes`` / ``test_passes`` per layer (None without a
+    trace); ``fit_masks``, per layer a boolean mask over the trace's passes
+    (True: a fit pass), and ``kinds``, how each layer was split ("sequences"
+    or "passes"); both None without a split."""
 
     fit: np.ndarray
     test: Optional[np.ndarray]
     fit_passes: Optional[list[int]]
     test_passes: Optional[list[int]]
+    fit_masks: Optional[list[np.ndarray]] = None
+    kinds: Optional[list[str]] = None
 
 
-def split(capture: Capture, fit: Optional[float]) -> Split:
-    """Split ``capture`` at fraction ``fit`` of each layer's passes (None: no split).
+def split(capture: Capture, fit: Optional[Union[float, Fraction]]) -> Split:
+    """Split ``capture``'s trace at fraction ``fit`` (None: no split); see the module docstring.
 
     Raises ``ValueError`` when ``fit`` is not strictly between 0 and 1 or the
     capture has no trace to split.
@@ -49,16 +61,19 @@ def split(capture: Capture, fit: Optional[float]) -> Split:
     if fit is None:
         passes = [int(ids.shape[0]) for ids in trace] if trace is not None else None
         return Split(capture.counts, None, passes, None)
-    if not 0 < fit < 1:
+    exact = exact_fraction(fit)
+    if not 0 < exact < 1:
         raise ValueError(f"--fit must be strictly between 0 and 1, got {fit}")
     if trace is None:
         raise ValueError("--fit needs the capture's trace (record with trace=True): "
                          "counts alone do not say which passes came first")
     e = capture.num_experts
-    cut = [int(fit * ids.shape[0]) for ids in trace]
-    fit_counts = np.stack([np.bincount(ids[:c].ravel(), minlength=e) for ids, c in zip(trace, cut)])
-    test_counts = np.stack([np.bincount(ids[c:].ravel(), minlength=e) for ids, c in zip(trace, cut)])
-    return Split(fit_counts, test_counts, cut, [ids.shape[0] - c for ids, c in zip(trace, cut)])
+    masks, kinds = fit_split(capture, exact)
+    fit_counts = np.stack([np.bincount(ids[m].ravel(), minlength=e) for ids, m in zip(trace, masks)])
+    test_counts = np.stack([np.bincount(ids[~m].ravel(), minlength=e) for ids, m in zip(trace, masks)])
+    fit_passes = [int(m.sum()) for m in masks]
+    return Split(fit_counts, test_counts, fit_passes,
+                 [int(ids.shape[0]) - n for ids, n in zip(trace, fit_passes)], masks, kinds)
 
 
 def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
@@ -81,7 +96,8 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
     return np.bincount(flat, minlength=whole * num_experts).reshape(whole, num_experts)
 
 
-def window_sequences(seqs: Optional[Sequences], layer: int, start: int,
-                     stop: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """(sequence ids, phases) of passes start..stop-1 of ``layer``, or None without sequence information."""
-    return None if seqs is None else (seqs[0][layer][start:stop], seqs[1][layer][start:stop])
+def window_sequences(seqs: Optional[Sequences], layer: int,
+                     which: Union[slice, np.ndarray]) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(sequence ids, phases) of the passes ``which`` (a slice or a boolean mask) of ``layer``,
+    or None without sequence information."""
+    return None if seqs is None else (seqs[0][layer][which], seqs[1][layer][which])
