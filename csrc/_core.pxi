@@ -216,3 +216,5 @@ cdef class RecorderCore:
             any_pass = any_pass or more[layer] > 0
         if self._top_k == 0 and any_pass:
             self._top_k = top_k
+        # A commit like any other: the counts snapshot keyed on it is stale now.
+        self._commits += 1

@@ -81,3 +81,16 @@ def test_random_captures_serialize_identically(cores: Any, tmp_path: Any, captur
     finally:
         compiled.discard()
         python.discard()
+
+
+def test_counts_read_after_added_counts_are_current(make: Any, cls: Any) -> None:
+    # Issue 16 item 9: the compiled core's counts snapshot was not invalidated
+    # by a counts-only device flush (_add_counts), so a read before it went stale.
+    hist = make(2, 3, cls=cls)
+    assert hist.counts.tolist() == [[0, 0, 0], [0, 0, 0]]
+    hist._add_counts(np.array([[1, 1, 0], [0, 0, 0]], dtype=np.int64), np.array([1, 0], dtype=np.int64), 2)
+    assert hist.counts.tolist() == [[1, 1, 0], [0, 0, 0]]
+    hist.record(1, [2, 0])
+    hist._add_counts(np.array([[0, 0, 0], [0, 1, 1]], dtype=np.int64), np.array([0, 1], dtype=np.int64), 2)
+    assert hist.counts.tolist() == [[1, 1, 0], [1, 1, 2]]
+    assert hist.passes.tolist() == [1, 2]
