@@ -119,3 +119,24 @@ def test_torch_distributed_rank_wins(tmp_path: Any, monkeypatch: pytest.MonkeyPa
         assert _paths.rank_and_world() == (0, 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_placeholders_in_the_directory_are_resolved_before_the_destination_check(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 16 item 12: the check ran on the template, so run-{rank}/ did not exist.
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    (tmp_path / "run-2").mkdir()
+    hist = turbospark.RouterHistogram(str(tmp_path / "run-{rank}" / "cap.json"), 1, 4, 2)
+    hist.discard()
+    assert hist.path == str(tmp_path / "run-2" / "cap.json")
+    monkeypatch.setenv("TURBOSPARK_ROUTER_HIST", str(tmp_path / "run-{rank}" / "env.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env = turbospark.RouterHistogram.from_env(1, 4, 2)
+    assert env is not None
+    env.discard()
+    # A directory the resolved path names but that does not exist is still refused, by its resolved name.
+    with pytest.raises(FileNotFoundError) as info:
+        turbospark.RouterHistogram(str(tmp_path / "other-{rank}" / "cap.json"), 1, 4, 2)
+    assert str(tmp_path / "other-2" / "cap.json") in str(info.value)

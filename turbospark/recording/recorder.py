@@ -134,8 +134,10 @@ class _Facade(_CoreBase):
                 + ": the predictions can never be scored (pilot recall compares them with the trace); "
                 + (f"set {_env.TRACE}=1" if from_env else "pass trace=True")
             )
+        # {rank} and {pid} may name the directory too: check where the write will go.
+        path = _paths.per_process(text)
         try:
-            check_destination(text)
+            check_destination(path)
         except OSError as exc:
             if not from_env:
                 raise
@@ -148,7 +150,7 @@ class _Facade(_CoreBase):
         if _sigterm.requested():
             _sigterm.install(_lifecycle.finish_all)
         super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)
-        self._path = _paths.per_process(text)
+        self._path = path
         self._owner_pid = os.getpid()
         self._columns = None
         self._batch_lock = threading.RLock()
