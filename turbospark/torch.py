@@ -153,6 +153,13 @@ class DeviceRecorder:
         self._pending: deque[_Host] = deque()
         self._pos = 0
         self._region: Optional[GraphRegion] = None
+        with torch.inference_mode(False):
+            # Tensors made in inference mode may not be updated in place outside
+            # it: a recorder built inside one must still flush after it ends.
+            self._allocate(capacity)
+        hist._add_drain(self.flush)
+
+    def _allocate(self, capacity: int) -> None:
         dev = self._device
         self._arange = torch.arange(capacity, dtype=torch.int64, device=dev)
         self._side = torch.cuda.Stream(device=dev) if self._cuda else None
@@ -170,7 +177,33 @@ class DeviceRecorder:
         else:
             self._staged = _Buffers(capacity, self._top_k, dev, False)
             self._host = _Buffers(capacity, self._top_k, torch.device("cpu"), self._cuda)
-        hist._add_drain(self.flush)
+        self._released = False
+
+    def _release(self) -> None:
+        """Free the staging buffers once the recorder is closed and drained: nothing can join it now."""
+        if self._released:
+            return
+        self._released = True
+        for name in ("_arange", "_counts", "_passes", "_block", "_keep", "_flags", "_dropped", "_ones",
+                     "_host_counts", "_host_passes", "_staged", "_host"):
+            if hasattr(self, name):
+                delattr(self, name)
+
+    def _after_fork_in_child(self) -> None:
+        # Another thread may have held the lock at fork(): it stays held in the child.
+        self._lock = threading.RLock()
+
+    def __del__(self) -> None:
+        # The recorder holds this stager weakly: dropped first, it hands its rows over now.
+        hist = getattr(self, "_hist", None)
+        if hist is None or getattr(self, "_released", True) or hist.closed:
+            return
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 -- a finalizer never raises
+            from .recording import _lifecycle
+
+            _lifecycle.report(f"[router-hist] FAILED recording staged ids for {hist.path}: {exc}")
 
     # ------------------------------------------------------------ properties
 
@@ -194,7 +227,10 @@ class DeviceRecorder:
         return self._counts_only
 
     def memory(self) -> tuple[int, int]:
-        """Bytes this recorder allocated: (on its device, in host memory, pinned when the device is CUDA)."""
+        """Bytes this recorder allocated: (on its device, in host memory, pinned when the device is CUDA);
+        (0, 0) once the recorder is closed and the buffers freed."""
+        if self._released:
+            return 0, 0
         if self._counts_only:
             device = [self._counts, self._passes, self._block, self._keep, self._flags, self._dropped,
                       self._arange, self._ones[:1]]
@@ -274,12 +310,28 @@ class DeviceRecorder:
             if region is not None:
                 region._stage(_Call(kind, index, region._pos, rows, code), ids, valid, mask, seq)
                 return
-            if self._pos + rows > self._capacity:
-                self.flush()
+            refused = self._make_room(rows)
             call = _Call(kind, index, self._pos, rows, code)
             _write_rows(self._staged, self._arange, call, ids, valid, mask, seq)
             self._calls.append(call)
             self._pos += rows
+            if refused is not None:
+                raise refused
+
+    def _make_room(self, rows: int) -> Optional[ValueError]:
+        """Flush when ``rows`` more do not fit; returns (not raises) an earlier call's refusal.
+
+        The flush has handed every staged call over by the time it reports a
+        refused one, so the call that needed the room is staged before the
+        error reaches its caller, never lost with it.
+        """
+        if self._pos + rows <= self._capacity:
+            return None
+        try:
+            self.flush()
+        except ValueError as exc:
+            return exc
+        return None
 
     def _check_ids(self, ids: Any) -> torch.Tensor:
         if not isinstance(ids, torch.Tensor):
@@ -391,6 +443,16 @@ class DeviceRecorder:
         recorder's own calls do.
         """
         with self._lock, _signals_held():
+            if self._released:
+                return
+            try:
+                self._flush_staged()
+            finally:
+                if self._hist.closed:
+                    self._release()
+
+    def _flush_staged(self) -> None:
+        with torch.inference_mode(False):
             if self._counts_only:
                 self._flush_counts()
                 return
@@ -448,7 +510,8 @@ class GraphRegion:
             raise ValueError(f"rows must be between 1 and the staging capacity {owner._capacity}, got {rows!r}")
         self._owner = owner
         self._rows = rows
-        self._buffers = _Buffers(rows, owner._top_k, owner._device, False)
+        with torch.inference_mode(False):
+            self._buffers = _Buffers(rows, owner._top_k, owner._device, False)
         self._calls: list[_Call] = []
         self._pos = 0
 
@@ -479,12 +542,13 @@ class GraphRegion:
                 raise _errors.closed()
             if not self._calls:
                 return
-            if owner._pos + self._pos > owner._capacity:
-                owner.flush()
+            refused = owner._make_room(self._pos)
             base = owner._pos
             owner._staged.copy_rows(self._buffers, 0, self._pos, at=base)
             owner._calls.extend(call._replace(start=call.start + base) for call in self._calls)
             owner._pos += self._pos
+            if refused is not None:
+                raise refused
 
 
 # ---------------------------------------------------------------- helpers

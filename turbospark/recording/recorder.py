@@ -11,8 +11,10 @@ file lifecycle (atomic writes, close, write-on-drop, write-at-exit).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
@@ -156,6 +158,7 @@ class _Facade(_CoreBase):
         self._batch_lock = threading.RLock()
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
+        self._drain_failures: set[str] = set()
         _lifecycle.register(self)
 
     @classmethod
@@ -283,13 +286,44 @@ class _Facade(_CoreBase):
                     return head + self._columns.json_tail(before.tolist()) + b"}"
 
     def _add_drain(self, drain: Any) -> None:
-        """Call ``drain()`` before every write and before closing (the device path's staged ids)."""
+        """Call ``drain()`` before every write and before closing (the device path's staged ids).
+
+        A bound method is held weakly, so the stager (which holds this
+        recorder) and the recorder never form a cycle: dropping both writes
+        the capture at once, without waiting for the garbage collector.
+        """
+        ref = weakref.WeakMethod(drain) if inspect.ismethod(drain) else (lambda: drain)
         with self._batch_lock:
-            self._drains.append(drain)
+            self._drains.append(ref)
 
     def _drain(self) -> None:
-        for drain in list(self._drains):
-            drain()
+        """Run every drain; one that fails is reported (once per message) and the write goes on.
+
+        A failed drain must never block the write of what the recorder holds:
+        the error is printed on stderr (``[router-hist] FAILED recording
+        staged ids``) rather than raised, here and at close or exit.
+        """
+        for ref in list(self._drains):
+            drain = ref()
+            if drain is None:
+                continue
+            try:
+                drain()
+            except Exception as exc:  # noqa: BLE001 -- reported, and the capture is still written
+                message = f"[router-hist] FAILED recording staged ids for {self._path}: {exc}"
+                if message not in self._drain_failures:
+                    self._drain_failures.add(message)
+                    _lifecycle.report(message)
+
+    def _stagers(self) -> list[Any]:
+        """The live objects whose bound methods are this recorder's drains."""
+        owners = []
+        for ref in list(self._drains):
+            drain = ref()
+            owner = getattr(drain, "__self__", None)
+            if owner is not None:
+                owners.append(owner)
+        return owners
 
     def to_json(self) -> str:
         """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
@@ -311,7 +345,7 @@ class _Facade(_CoreBase):
             return
         owner = os.getpid() == self._owner_pid
         if owner:
-            self._drain_and_report()
+            self._drain()
         if not self._mark_closed():
             return
         if not owner:
@@ -338,17 +372,10 @@ class _Facade(_CoreBase):
         if self.closed and not close:
             return
         if not self.closed:
-            self._drain_and_report()
+            self._drain()
             if close:
                 self._mark_closed()
         self._write_and_report()
-
-    def _drain_and_report(self) -> None:
-        # A refused staged call must not cost the capture its write.
-        try:
-            self._drain()
-        except Exception as exc:  # noqa: BLE001 -- close() and exit never raise
-            _lifecycle.report(f"[router-hist] FAILED recording staged ids for {self._path}: {exc}")
 
     def _write_and_report(self) -> None:
         # A KeyboardInterrupt (or a signal handler's exception) propagates and
@@ -364,6 +391,11 @@ class _Facade(_CoreBase):
 
     def _after_fork_in_child(self) -> None:
         self._batch_lock = threading.RLock()
+        # The stagers' locks too (a DeviceRecorder another thread was staging into).
+        for stager in self._stagers():
+            renew = getattr(stager, "_after_fork_in_child", None)
+            if renew is not None:
+                renew()
         super()._after_fork_in_child()
 
     def __enter__(self: _Self) -> _Self:
