@@ -66,6 +66,11 @@ def discard(recorder: Any) -> None:
 
 
 class Row:
+    def _replace_target(self, target: str) -> "Row":
+        """The same figures under another target (a row printed for reference has none)."""
+        self.target, self.met = target, True
+        return self
+
     def __init__(self, figure: str, subject: str, comparison: str, ratio: float, target: str, met: bool) -> None:
         self.figure, self.subject, self.comparison = figure, subject, comparison
         self.ratio, self.target, self.met = ratio, target, met
@@ -315,6 +320,7 @@ def bench_small_inputs(repeats: int, number: int) -> list[Row]:
                            ("contiguous (16, 8)", "hist.record_many(3, block16)"), namespace, repeats, number, 1.5))
     rows.append(_ratio_row("record(layer, list of 8 numpy ints), trace off", ("", "hist.record(3, scalars)"),
                            ("list of 8 ints", "hist.record(3, ids)"), {**namespace, "ids": IDS}, repeats, number, 5.0))
+    rows.extend(bench_record_batch(repeats, number))
     try:
         import torch  # noqa: PLC0415 -- optional: the rows need it, the package never imports it
     except ImportError:
@@ -330,6 +336,25 @@ def bench_small_inputs(repeats: int, number: int) -> list[Row]:
                            namespace, repeats, number, 1.5))
     discard(untraced)
     rows.append(bench_tensor_block(torch, repeats))
+    return rows
+
+
+def bench_record_batch(repeats: int, number: int) -> list[Row]:
+    """record_batch of an (8, 2) block with its seq ids and phase against record_many of the same block
+    (the per-step cost of a serving integration), trace on; the tags commit in the core."""
+    hist = turbospark.RouterHistogram(os.path.join(SCRATCH, "batch.json"), LAYERS, EXPERTS, 2, trace=True)
+    block = np.arange(16, dtype=np.int64).reshape(8, 2) % EXPERTS
+    namespace: dict[str, Any] = {"hist": hist, "block": block, "seq": np.arange(8, dtype=np.int64),
+                                 "seq_list": list(range(8)), "mask": np.ones(8, dtype=bool)}
+    plain = ("record_many", "hist.record_many(3, block)")
+    rows = [
+        _ratio_row("record_batch(layer, ndarray (8, 2), seq=int64 ndarray)",
+                   ("", "hist.record_batch(3, block, seq=seq, phase='decode')"), plain, namespace, repeats, number, 2.0),
+        _ratio_row("record_batch(layer, ndarray (8, 2), seq=list, mask=bool ndarray)",
+                   ("", "hist.record_batch(3, block, seq=seq_list, phase='decode', mask=mask)"), plain, namespace,
+                   repeats, number, 2.0)._replace_target("(for reference)"),
+    ]
+    discard(hist)
     return rows
 
 

@@ -25,12 +25,16 @@ cdef class RecorderCore:
     cdef uint64_t _commits
     cdef uint64_t _cached_at
     cdef object _counts_cache
+    # record_batch's per-pass tags (_tags.pxi): NULL until a tagged pass commits.
+    cdef TagBuf* _tags
+    cdef bint _tagged
 
     def __cinit__(self, *args, **kwargs):
         self._counts = NULL
         self._passes = NULL
         self._trace = NULL
         self._pred = NULL
+        self._tags = NULL
         self._logits = None
         self._logits_layer = -1
 
@@ -75,6 +79,7 @@ cdef class RecorderCore:
         free(self._passes)
         _free_rows(self._trace, self._num_layers)
         _free_rows(self._pred, self._num_layers)
+        _free_tags(self._tags, self._num_layers)
 
     @property
     def num_layers(self):
@@ -109,13 +114,27 @@ cdef class RecorderCore:
         _record_pass(self, layer, predicted, True)
 
     def record_many(self, layer, selected, mask=None):
-        _record_block(self, layer, selected, mask, False)
+        _record_block(self, layer, selected, mask, False, NULL)
 
-    def _record_many_from(self, layer, selected, mask=None):
-        return _record_block(self, layer, selected, mask, False)
+    def record_batch(self, layer, ids_2d, *, seq, phase, mask=None):
+        """Record a block of passes that belong to different sequences, in one phase.
+
+        Takes ``ids_2d`` (n, top_k) integer ids (ndarray, nested list or CPU
+        tensor), ``seq`` one non-negative sequence id per row (list, ndarray or
+        CPU tensor), ``phase`` ``"prompt"`` or ``"decode"`` for every row, and
+        an optional boolean ``mask`` of length n: only the rows it keeps are
+        validated and recorded (the others may hold anything, e.g. -1 padding).
+        Counts and trace are exactly those of ``record_many`` with the kept
+        rows; the capture then also carries each pass's sequence id and phase,
+        committed with the passes in one step (no write, signal handler or
+        other thread sees a pass without its tag). Raises what ``record_many``
+        raises, and TypeError/ValueError for a bad ``seq``, ``phase`` or
+        ``mask``; a rejected call records nothing.
+        """
+        _record_tagged(self, layer, ids_2d, seq, phase, mask)
 
     def record_prediction_many(self, layer, predicted, mask=None):
-        _record_block(self, layer, predicted, mask, True)
+        _record_block(self, layer, predicted, mask, True, NULL)
 
     def record_router_logits(self, layer, logits):
         cdef Py_ssize_t index, got

@@ -45,8 +45,42 @@ cdef char* _put_text(char* p, const char* text, Py_ssize_t n) noexcept nogil:
     return p + n
 
 
+cdef char* _put_tags(RecorderCore self, char* p) noexcept:
+    """``,"seq":[...],"phase":[...]``: one entry per pass of each layer, untagged passes as the defaults."""
+    cdef Py_ssize_t layer
+    cdef size_t i, passes, tagged
+    cdef TagBuf* t
+    cdef int column
+    for column in range(2):
+        p = _put_text(p, b',"seq":[' if column == 0 else b',"phase":[', 8 if column == 0 else 10)
+        for layer in range(self._num_layers):
+            if layer:
+                p[0] = 44
+                p += 1
+            p[0] = 91
+            p += 1
+            t = &self._tags[layer]
+            passes = <size_t>self._passes[layer]
+            tagged = t.len if t.len < passes else passes
+            for i in range(passes):
+                if i:
+                    p[0] = 44
+                    p += 1
+                if column == 0:
+                    p = _put_u64(p, <uint64_t>(t.seq[i] if i < tagged else DEFAULT_SEQ))
+                else:
+                    p[0] = <char>(48 + (t.phase[i] if i < tagged else DEFAULT_PHASE))
+                    p += 1
+            p[0] = 93
+            p += 1
+        p[0] = 93
+        p += 1
+    return p
+
+
 cdef bytes _json_document(RecorderCore self, bytes tail):
-    """The JSON document up to ``router_logits``, followed by ``tail`` (the facade's part and the closing brace)."""
+    """The JSON document up to ``router_logits``, then ``tail`` (the facade's part), then the
+    ``seq``/``phase`` columns when a tagged pass was recorded; the facade adds the closing brace."""
     cdef size_t bound = 160 + len(tail)
     # Room for any id a uint32 buffer can hold (10 digits and a comma),
     # not just those below num_experts: the writer never trusts that
@@ -63,6 +97,9 @@ cdef bytes _json_document(RecorderCore self, bytes tail):
             bound += 3 + id_width * self._trace[layer].len
         if self._pred != NULL:
             bound += 3 + id_width * self._pred[layer].len
+        if self._tagged:
+            # A sequence id (up to 19 digits and a comma) and a phase digit and comma per pass.
+            bound += 6 + 22 * self._passes[layer]
     head = ('{"num_layers":%d,"num_experts":%d,"top_k":%d,"counts":['
             % (self._num_layers, self._num_experts if self._num_layers else 0, self._top_k)).encode()
     bound += len(head)
@@ -98,6 +135,8 @@ cdef bytes _json_document(RecorderCore self, bytes tail):
             p[0] = 93
             p += 1
         p = _put_text(p, tail, len(tail))
+        if self._tagged:
+            p = _put_tags(self, p)
         return PyBytes_FromStringAndSize(buf, p - buf)
     finally:
         free(buf)

@@ -13,18 +13,19 @@ cdef Py_ssize_t TABLE_MIN_IDS = 2048
 
 
 cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, object mask,
-                              bint prediction) except -1:
+                              bint prediction, const TagArgs* tagging) except -1:
     """``n`` passes (or predictions) for ``layer`` at once, only the rows ``mask`` keeps; all or nothing.
 
-    Returns the layer's pass count just before the commit: the index of the
-    block's first pass, read with no Python code between it and the commit,
-    so another thread's pass can never land in between (``record_batch``
-    tags the block's passes by it).
+    ``tagging``: NULL, or record_batch's private copies (the kept rows'
+    sequence ids, the phase, and the row mask in place of ``mask``),
+    committed with the passes. Returns the layer's pass count just before
+    the commit.
     """
     cdef Py_ssize_t first
     cdef IdView view
     cdef Py_ssize_t index, rows, width, total, chosen, i
     cdef uint8_t* keep = NULL
+    cdef uint8_t* owned_keep = NULL
     cdef uint32_t local[STACK_IDS]
     cdef uint32_t* dest = NULL
     cdef uint32_t* scratch = NULL
@@ -32,6 +33,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
     cdef uint64_t* row
     cdef IdBuf* buf = self._pred if prediction else self._trace
     cdef object held = None
+    cdef TagBuf* tag = NULL
     if self._closed:
         raise _errors.closed()
     index = _layer_index(self, layer)
@@ -44,8 +46,15 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
     width = view.width
     _expect(self, width)
     try:
-        if mask is not None:
-            keep = <uint8_t*>malloc(rows if rows else 1)
+        if tagging != NULL and tagging.keep != NULL:
+            if tagging.rows != rows:
+                raise RuntimeError(f"a row mask of {tagging.rows} rows for a block of {rows}")
+            keep = <uint8_t*>tagging.keep
+            chosen = 0
+            for i in range(rows):
+                chosen += keep[i] != 0
+        elif mask is not None:
+            keep = owned_keep = <uint8_t*>malloc(rows if rows else 1)
             if keep == NULL:
                 raise MemoryError()
             chosen = _mask_copy(mask, rows, keep)
@@ -62,6 +71,17 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
         # Python code may have run (a layer's __index__, a slow conversion).
         if self._closed:
             raise _errors.closed()
+        if tagging != NULL:
+            if tagging.count != chosen:
+                raise RuntimeError(f"{tagging.count} tags for {chosen} kept rows")
+            # Room for the tags before anything is counted: after this, no
+            # step can fail and none runs Python code until the commit.
+            if self._tags == NULL:
+                self._tags = <TagBuf*>calloc(max(self._num_layers, 1), sizeof(TagBuf))
+                if self._tags == NULL:
+                    raise MemoryError()
+            tag = &self._tags[index]
+            _tags_reserve(tag, <size_t>self._passes[index] + chosen)
         if (not prediction and keep == NULL and total >= TABLE_MIN_IDS
                 and self._num_experts <= <uint64_t>total and _contiguous(&view)):
             tables = <uint64_t*>calloc(4 * (self._num_experts + 1), sizeof(uint64_t))
@@ -88,9 +108,12 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
         if prediction:
             _commit_prediction_rows(self, index, chosen, width)
         else:
+            if tag != NULL:
+                _commit_tags(tag, <size_t>first, tagging.seq, chosen, <uint8_t>tagging.phase)
+                self._tagged = True
             _commit_block(self, index, chosen, width)
     finally:
-        free(keep)
+        free(owned_keep)
         free(scratch)
         free(tables)
     return first

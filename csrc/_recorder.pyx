@@ -18,7 +18,7 @@ cimport numpy as cnp
 
 import numpy as np
 
-from turbospark.recording import _convert, _counts, _errors
+from turbospark.recording import _convert, _counts, _errors, _sequences
 
 cnp.import_array()
 ts_init_small_ints()
@@ -54,9 +54,11 @@ cdef enum:
 # The module is one compilation unit split by concern; each include is
 # textual, in this order.
 include "_buffers.pxi"
+include "_tags.pxi"
 include "_kernels.pxi"
 include "_views.pxi"
 include "_json.pxi"
 include "_core.pxi"
 include "_record_one.pxi"
 include "_record_block.pxi"
+include "_record_tagged.pxi"

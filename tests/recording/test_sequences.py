@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from childproc import run_with_files
 from conftest import require_module
 from readme_blocks import block
 
@@ -260,3 +261,44 @@ def test_plain_records_from_another_thread_never_take_a_batchs_sequence_ids(make
     # Expert 1 passes are the batch's: sequence 1, prompt; the plain ones read as sequence 0, decode.
     assert doc["seq"][0] == [1 if expert == 1 else 0 for expert in trace]
     assert doc["phase"][0] == [0 if expert == 1 else 1 for expert in trace]
+
+
+def test_writes_while_another_thread_records_neither_spin_nor_split_tags(tmp_path: Any) -> None:
+    # Issue 16 item 1: after a record_batch, to_json() retried until the core's
+    # pass counts held still, so it spun for as long as another thread kept
+    # recording (and SIGTERM, which writes, hung). Now one read of the core
+    # gives counts, trace and tags together: every document is consistent.
+    result, (path,) = run_with_files(
+        tmp_path,
+        """
+        import json, threading
+        hist = R(path, 1, 8, 2, trace=True)
+        hist.record_batch(0, [[0, 1]], seq=[3], phase="prompt")
+        stop = threading.Event()
+
+        def spin():
+            i = 0
+            while not stop.is_set():
+                if i % 2:
+                    hist.record_many(0, [[2, 3], [4, 5]])
+                else:
+                    hist.record_batch(0, [[6, 7]], seq=[i], phase="decode")
+                i += 1
+
+        sys.setswitchinterval(1e-6)
+        worker = threading.Thread(target=spin)
+        worker.start()
+        signal.alarm(20)  # a spinning write ends the child instead of the suite
+        for _ in range(10):
+            doc = json.loads(hist.to_json())
+            passes = len(doc["trace"][0]) // 2
+            assert len(doc["seq"][0]) == len(doc["phase"][0]) == passes, doc
+            assert sum(doc["counts"][0]) == 2 * passes, doc
+        stop.set()
+        worker.join()
+        hist.discard()
+        print("consistent", doc["seq"][0][0], doc["phase"][0][0])
+        """,
+        {"path": "c.json"},
+    )
+    assert (result.returncode, result.stdout) == (0, "consistent 3 0\n"), result.stderr

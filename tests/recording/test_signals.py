@@ -404,35 +404,43 @@ def test_a_sigterm_chained_during_close_writes_the_capture_once(tmp_path: pathli
 
 
 def test_a_chained_write_in_the_middle_of_record_batch_keeps_seq_aligned(tmp_path: pathlib.Path) -> None:
-    # A SIGTERM chained to a handler that goes on writes the capture between
-    # the core's commit of a batch and its sequence columns. (Regression: that
-    # write padded the batch's passes with defaults, and the columns stayed
-    # shifted for good: seq [[5, 0, 6]] instead of [[5, 6, 7]].)
-    result, (path,) = run_with_files(
+    # A SIGTERM chained to a handler that goes on writes the capture while a
+    # batch is being read (here: inside the reading of its seq ids, the last
+    # step that runs Python code before the commit). Passes and tags commit
+    # together in the core, so that write holds the earlier batch whole and
+    # nothing of this one. (Regression: the tags were kept beside the core,
+    # and a write between the two commits shifted them for good: seq
+    # [[5, 0, 6]] instead of [[5, 6, 7]].)
+    result, (path, mid) = run_with_files(
         tmp_path,
         """
         from turbospark.recording import _sequences
 
-        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        def handler(signum, frame):
+            with open(mid, "w") as out:
+                out.write(hist.to_json())
+
+        signal.signal(signal.SIGTERM, handler)
         hist = R(path, 1, 4, trace=True)
-        real_extend = _sequences.SequenceColumns.extend
+        real_copy = _sequences.seq_copy
 
 
-        def extend(self, *args):
-            _sequences.SequenceColumns.extend = real_extend
-            sigterm()  # the handler writes now
-            real_extend(self, *args)
+        def seq_copy(*args):
+            _sequences.seq_copy = real_copy
+            sigterm()  # the handlers write now
+            return real_copy(*args)
 
 
         hist.record_batch(0, [[1, 2]], seq=[5], phase="prompt")
-        _sequences.SequenceColumns.extend = extend
-        hist.record_batch(0, [[2, 3], [0, 1]], seq=[6, 7], phase="decode")
+        _sequences.seq_copy = seq_copy
+        hist.record_batch(0, [[2, 3], [0, 1]], seq=(6, 7), phase="decode")  # a tuple: read by seq_copy
         """,
-        {"path": "c.json"},
+        {"path": "c.json", "mid": "mid.json"},
         env={VARIABLE: "1"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.splitlines() == [f"[router-hist] wrote {path}"] * 2
+    assert (json.loads(mid.read_text())["seq"], json.loads(mid.read_text())["phase"]) == ([[5]], [[0]])
     assert json.loads(path.read_text())["seq"] == [[5, 6, 7]]
     assert json.loads(path.read_text())["phase"] == [[0, 1, 1]]
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, SupportsIndex
 
 import numpy as np
 
-from . import _convert, _counts, _errors
+from . import _convert, _counts, _errors, _sequences
 from ._types import LogitRow, RowMask, SelectedBlock, SelectedIds
 
 
@@ -46,6 +46,8 @@ class _Layer(NamedTuple):
     trace_len: int
     pred_len: int
     passes: int
+    # Passes with a committed tag (record_batch); later ones read as the defaults.
+    tag_len: int = 0
 
 
 class _State(NamedTuple):
@@ -56,6 +58,8 @@ class _State(NamedTuple):
     # so that every later selection and prediction agrees with it.
     pred_k: int
     layers: tuple[_Layer, ...]
+    # True once a tagged pass was committed: the document then carries seq/phase.
+    tagged: bool = False
 
 
 class RecorderCore:
@@ -91,6 +95,9 @@ class RecorderCore:
         self._state = _State(top_k, 0, layers)
         self._trace = [array("I") for _ in range(num_layers)] if bool(trace) else None
         self._pred = [array("I") for _ in range(num_layers)] if pilot is not None else None
+        # record_batch's tags, beyond each layer's tag_len uncommitted (like the trace's ids).
+        self._seq = [array("q") for _ in range(num_layers)]
+        self._phase = [array("B") for _ in range(num_layers)]
         self._self_test = pilot == "self"
         self._logits_layer = logits_layer
         self._logits_pass = logits_pass
@@ -145,19 +152,32 @@ class RecorderCore:
             raise _errors.length(n, expected)
         return state
 
-    def _commit(self, state: _State, index: int, layer: _Layer, top_k: int, pred_k: int) -> None:
+    def _commit(self, state: _State, index: int, layer: _Layer, top_k: int, pred_k: int,
+                tagged: bool = False) -> None:
         layers = state.layers
-        self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :])
+        self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :], state.tagged or tagged)
 
-    def _add_selection(self, state: _State, index: int, ids: array[int], rows: int, counts: tuple[int, ...]) -> None:
-        """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``) and commit."""
+    def _add_selection(self, state: _State, index: int, ids: array[int], rows: int, counts: tuple[int, ...],
+                       tags: Optional[tuple[np.ndarray, int]] = None) -> None:
+        """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``), with their
+        (sequence ids, phase) ``tags`` when given, and commit them all at once."""
         layer = state.layers[index]
         trace_len = layer.trace_len
         if self._trace is not None:
             _append(self._trace[index], trace_len, ids)
             trace_len += len(ids)
+        tag_len = layer.tag_len
+        if tags is not None:
+            # Untagged passes before these read as the defaults; then this block's tags.
+            seq, phase = self._seq[index], self._phase[index]
+            pad = layer.passes - tag_len
+            _append(seq, tag_len, array("q", [_sequences.DEFAULT_SEQ] * pad))
+            seq.frombytes(tags[0].astype(np.int64, copy=False).tobytes())
+            _append(self._phase[index], tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * rows))
+            tag_len = layer.passes + rows
         top_k = state.top_k or len(ids) // rows
-        self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows), top_k, state.pred_k)
+        self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows,
+                                                  tag_len=tag_len), top_k, state.pred_k, tags is not None)
 
     def record(self, layer: SupportsIndex, selected: SelectedIds) -> None:
         with self._lock:
@@ -179,19 +199,47 @@ class RecorderCore:
         return index, state, _convert.block_ids(arr, self._num_experts, mask)
 
     def record_many(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> None:
-        self._record_many_from(layer, selected, mask)
-
-    def _record_many_from(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> int:
-        """``record_many``, returning the layer's pass count just before the commit (the block's first pass)."""
         with self._lock:
             index, state, ids = self._block(layer, selected, mask)
-            rows = ids.shape[0]
-            if rows == 0:
-                return int(state.layers[index].passes)
-            added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
-            counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
-            self._add_selection(state, index, array("I", ids.tobytes()), rows, counts)
-            return int(state.layers[index].passes)
+            self._add_block(state, index, ids, None)
+
+    def record_batch(self, layer: SupportsIndex, ids_2d: SelectedBlock, *, seq: Any, phase: str,
+                     mask: Optional[RowMask] = None) -> None:
+        """Record a block of passes that belong to different sequences, in one phase.
+
+        Takes ``ids_2d`` (n, top_k) integer ids (ndarray, nested list or CPU
+        tensor), ``seq`` one non-negative sequence id per row (list, ndarray or
+        CPU tensor), ``phase`` ``"prompt"`` or ``"decode"`` for every row, and
+        an optional boolean ``mask`` of length n: only the rows it keeps are
+        validated and recorded (the others may hold anything, e.g. -1 padding).
+        Counts and trace are exactly those of ``record_many`` with the kept
+        rows; the capture then also carries each pass's sequence id and phase,
+        committed with the passes in one step (no write, signal handler or
+        other thread sees a pass without its tag). Raises what ``record_many``
+        raises, and TypeError/ValueError for a bad ``seq``, ``phase`` or
+        ``mask``; a rejected call records nothing.
+
+        Checks, in order: closed, layer, phase, the block's container and
+        shape, mask, seq (one non-negative id per row; dropped rows may hold
+        anything), then the ids; each into a private copy. The passes and
+        their tags commit together.
+        """
+        with self._lock:
+            index, _ = self._begin(layer)
+            code = _sequences.phase_code(phase)
+            block = _sequences.block_copy(ids_2d)
+            keep = _sequences.mask_copy(mask, block.shape[0])
+            seq_ids = _sequences.seq_copy(seq, block.shape[0], keep)
+            index, state, ids = self._block(index, block, keep)
+            self._add_block(state, index, ids, (seq_ids, code))
+
+    def _add_block(self, state: _State, index: int, ids: np.ndarray, tags: Optional[tuple[np.ndarray, int]]) -> None:
+        rows = ids.shape[0]
+        if rows == 0:
+            return
+        added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
+        counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
+        self._add_selection(state, index, array("I", ids.tobytes()), rows, counts, tags)
 
     def record_prediction(self, layer: SupportsIndex, predicted: SelectedIds) -> None:
         with self._lock:
@@ -292,7 +340,14 @@ class RecorderCore:
         if self._pred is not None:
             rows = (flat[: layer.pred_len] for flat, layer in zip(self._pred, state.layers))
             parts.append(f',"pred":[{_json_rows(rows)}]')
-        return "".join(parts).encode("ascii") + tail
+        head = "".join(parts).encode("ascii") + tail
+        if not state.tagged:
+            return head
+        seq_rows = (_padded(flat, layer.tag_len, layer.passes, _sequences.DEFAULT_SEQ)
+                    for flat, layer in zip(self._seq, state.layers))
+        phase_rows = (_padded(flat, layer.tag_len, layer.passes, _sequences.DEFAULT_PHASE)
+                      for flat, layer in zip(self._phase, state.layers))
+        return head + f',"seq":[{_json_rows(seq_rows)}],"phase":[{_json_rows(phase_rows)}]'.encode("ascii")
 
 
     def _add_counts(self, counts: Any, passes: Any, top_k: int) -> None:
@@ -315,13 +370,20 @@ class RecorderCore:
                 for layer, row, extra in zip(state.layers, added.tolist(), more.tolist())
             )
             top = state.top_k or (top_k if int(more.sum()) else 0)
-            self._state = _State(top, state.pred_k, layers)
+            self._state = _State(top, state.pred_k, layers, state.tagged)
 
 
 def _append(flat: array[int], committed: int, ids: array[int]) -> None:
     """Put ``ids`` after the ``committed`` ids of ``flat``, dropping an uncommitted tail first."""
     del flat[committed:]
     flat.extend(ids)
+
+
+def _padded(column: Any, tagged: int, passes: int, default: int) -> list[int]:
+    """A layer's committed tags, then the default for each pass recorded without one."""
+    values = column[:tagged].tolist()
+    values.extend([default] * (passes - tagged))
+    return values
 
 
 def _json_rows(rows: Any) -> str:

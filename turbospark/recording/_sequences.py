@@ -1,17 +1,16 @@
-"""Per-pass sequence ids and phases, kept beside the core by ``RouterHistogram.record_batch``.
+"""``record_batch``'s arguments read into private copies: the block, the mask, the sequence ids, the phase.
 
-The core knows nothing of sequences: it counts and traces passes. This module
-validates ``record_batch``'s extra arguments into private copies and keeps, per
-layer, one sequence id and one phase per pass in growable arrays. Passes the
-core recorded without sequence information (plain ``record``/``record_many``)
-read as sequence 0, phase decode: the columns are padded to the core's pass
-count whenever they are extended or written.
+Both cores commit a pass and its tag (sequence id, phase) together; this
+module is their shared reading of the arguments, in the order both check
+them (the compiled core reads common inputs in one pass itself and comes
+here for everything else, so the messages are the same). Passes recorded
+without tags (plain ``record``/``record_many``) read as ``DEFAULT_SEQ``,
+``DEFAULT_PHASE``.
 """
 
 from __future__ import annotations
 
-from array import array
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -108,41 +107,3 @@ def mask_copy(mask: Any, rows: int) -> Optional[np.ndarray]:
     if arr.ndim != 1 or arr.shape[0] != rows:
         raise ValueError(f"mask must be 1-D with one entry per row ({rows}), got shape {arr.shape}")
     return arr
-
-
-class SequenceColumns:
-    """Per layer, the sequence id and phase of every pass, padded to the core's pass counts."""
-
-    def __init__(self, num_layers: int) -> None:
-        self._seq = [array("q") for _ in range(num_layers)]
-        self._phase = [array("B") for _ in range(num_layers)]
-
-    def extend(self, layer: int, first_pass: int, seq: np.ndarray, phase: int) -> None:
-        """Record ``seq`` (one id per pass) in ``phase`` for passes ``first_pass`` onwards of ``layer``."""
-        self._pad(layer, first_pass)
-        self._seq[layer].frombytes(seq.astype(np.int64, copy=False).tobytes())
-        self._phase[layer].frombytes(bytes([phase]) * seq.shape[0])
-
-    def _pad(self, layer: int, passes: int) -> None:
-        missing = passes - len(self._seq[layer])
-        if missing > 0:
-            self._seq[layer].extend([DEFAULT_SEQ] * missing)
-            self._phase[layer].extend([DEFAULT_PHASE] * missing)
-
-    def json_tail(self, passes: Sequence[int]) -> bytes:
-        """``,"seq":[...],"phase":[...]`` for a document whose layers hold ``passes`` passes.
-
-        Reads only: a write may come between a batch's commit and its
-        ``extend`` (a signal handler in that thread), and padding the columns
-        here would leave that batch's tags after the defaults for good.
-        """
-        seq_rows = [_row(self._seq[layer], count, DEFAULT_SEQ) for layer, count in enumerate(passes)]
-        phase_rows = [_row(self._phase[layer], count, DEFAULT_PHASE) for layer, count in enumerate(passes)]
-        return f',"seq":[{",".join(seq_rows)}],"phase":[{",".join(phase_rows)}]'.encode("ascii")
-
-
-def _row(column: "array[int]", count: int, default: int) -> str:
-    """The first ``count`` entries of ``column`` as JSON, passes it has not reached reading as ``default``."""
-    values = column[:count].tolist()
-    values.extend([default] * (count - len(values)))
-    return "[" + ",".join(map(str, values)) + "]"

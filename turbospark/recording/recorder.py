@@ -13,14 +13,13 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _convert, _env, _errors, _lifecycle, _paths, _sequences, _sigterm
+from . import _convert, _env, _errors, _lifecycle, _paths, _sigterm
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
@@ -86,7 +85,6 @@ class _Facade(_CoreBase):
     _path: str
     _owner_pid: int
     _owed: bool  # set by _lifecycle: the capture is still owed to disk
-    _columns: Optional[_sequences.SequenceColumns]
 
     def __init__(
         self,
@@ -154,8 +152,6 @@ class _Facade(_CoreBase):
         super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)
         self._path = path
         self._owner_pid = os.getpid()
-        self._columns = None
-        self._batch_lock = threading.RLock()
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
         self._drain_failures: set[str] = set()
@@ -221,50 +217,17 @@ class _Facade(_CoreBase):
         """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
         return self._predictions_array(layer)
 
-    def record_batch(self, layer: int, ids_2d: Any, *, seq: Any, phase: str, mask: Any = None) -> None:
-        """Record a block of passes that belong to different sequences, in one phase.
-
-        Takes ``ids_2d`` (n, top_k) integer ids (ndarray, nested list or CPU
-        tensor), ``seq`` one non-negative sequence id per row (list, ndarray or
-        CPU tensor), ``phase`` ``"prompt"`` or ``"decode"`` for every row, and
-        an optional boolean ``mask`` of length n: only the rows it keeps are
-        validated and recorded (the others may hold anything, e.g. -1 padding).
-        Counts and trace are exactly those of ``record_many`` with the kept
-        rows; the capture then also carries each pass's sequence id and phase.
-        Raises what ``record_many`` raises, and TypeError/ValueError for a bad
-        ``seq``, ``phase`` or ``mask``; a rejected call records nothing.
-        """
-        with self._batch_lock:
-            if self.closed:
-                raise _errors.closed()
-            index = _convert.check_layer(layer, self.num_layers)
-            code = _sequences.phase_code(phase)
-            block = _sequences.block_copy(ids_2d)
-            rows = block.shape[0]
-            keep = _sequences.mask_copy(mask, rows)
-            # Dropped rows may hold anything, their sequence ids included.
-            seq_ids = _sequences.seq_copy(seq, rows, keep)
-            # The core selects the kept rows itself, so an error names the
-            # row as the caller numbered it, and says where the block's
-            # passes start as it commits them (another thread's plain record
-            # may come right after).
-            first = self._record_many_from(index, block, keep)
-            if seq_ids.shape[0] == 0:
-                return
-            if self._columns is None:
-                self._columns = _sequences.SequenceColumns(self.num_layers)
-            self._columns.extend(index, first, seq_ids, code)
-
     def _document(self) -> bytes:
         """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
 
         In order: the device path's staged ids are drained into the core; the
         core's ``_json_document(tail)`` writes everything it owns (sizes,
-        ``counts``, ``trace``, ``pred``) and appends ``tail`` verbatim; the
-        facade's ``tail`` is the ``router_logits`` object (values through
-        ``_f32display``, Rust's f32 ``Display``) and, after ``record_batch``,
-        the ``seq``/``phase`` columns (``_sequences``); then the closing ``}``.
-        Nothing else assembles a capture document.
+        ``counts``, ``trace``, ``pred``), appends ``tail`` verbatim (the
+        facade's ``router_logits`` object, values through ``_f32display``,
+        Rust's f32 ``Display``), then, after ``record_batch``, the ``seq`` and
+        ``phase`` columns it commits with their passes; then the closing
+        ``}``. One read of the core's state: nothing else assembles a capture
+        document, and nothing has to be retried.
         """
         self._drain()
         capture = self._logits_capture()
@@ -274,16 +237,7 @@ class _Facade(_CoreBase):
             layer, pass_, values = capture
             row = "null" if values is None else format_f32_row(values)
             tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
-        with self._batch_lock:
-            if self._columns is None:
-                return self._json_document(tail + b"}")
-            # The columns must match the passes of the core's snapshot: passes
-            # only grow, so equal counts before and after pin that snapshot.
-            while True:
-                before = self._passes_array()
-                head = self._json_document(tail)
-                if np.array_equal(before, self._passes_array()):
-                    return head + self._columns.json_tail(before.tolist()) + b"}"
+        return self._json_document(tail) + b"}"
 
     def _add_drain(self, drain: Any) -> None:
         """Call ``drain()`` before every write and before closing (the device path's staged ids).
@@ -293,8 +247,7 @@ class _Facade(_CoreBase):
         the capture at once, without waiting for the garbage collector.
         """
         ref = weakref.WeakMethod(drain) if inspect.ismethod(drain) else (lambda: drain)
-        with self._batch_lock:
-            self._drains.append(ref)
+        self._drains.append(ref)  # one append: atomic under the GIL
 
     def _drain(self) -> None:
         """Run every drain; one that fails is reported (once per message) and the write goes on.
@@ -390,7 +343,6 @@ class _Facade(_CoreBase):
             _lifecycle.settle(self)
 
     def _after_fork_in_child(self) -> None:
-        self._batch_lock = threading.RLock()
         # The stagers' locks too (a DeviceRecorder another thread was staging into).
         for stager in self._stagers():
             renew = getattr(stager, "_after_fork_in_child", None)
@@ -438,6 +390,8 @@ class RouterHistogram(_Facade, RecorderCore):
     pilot with the trace off, whose predictions could never be scored.
 
     Recording: ``record(layer, ids)``, ``record_many(layer, ids_2d, mask=None)``,
+    ``record_batch(layer, ids_2d, seq=..., phase=..., mask=None)`` (passes of
+    several sequences, tagged),
     ``record_prediction(layer, ids)``, ``record_prediction_many(layer, ids_2d,
     mask=None)``, ``record_router_logits(layer, row)``; ids may be sequences of
     ints, integer ndarrays or CPU torch tensors. A rejected call raises
