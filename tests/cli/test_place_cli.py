@@ -13,11 +13,15 @@ from turbospark.placement.formats import parse_trtllm, read_placement
 from turbospark.placement.samples import batch_counts
 
 from placement_helpers import traced, write_capture
+from turbospark.placement.dispatch import STATIC_UNKNOWN
 
 # Layer 0 routes like test_global_with_replicas_by_hand (counts 1, 9, 4, 4), top-2;
 # layer 1 never routes.
 PASSES = [[1, 0], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3]]
 DOC = traced(4, 2, [PASSES, []])
+DISPATCH_LINES = ("  in sample by dispatch model (trivial -> placed; optimised for even): even 0.000 -> 0.000, "
+                  "static - -> -, round-robin 0.111 -> 0.000\n"
+                  f"  static dispatch: {STATIC_UNKNOWN}\n")
 
 
 def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -37,12 +41,20 @@ def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
     assert layer["published_max_load"] == 10.0
     assert layer["after"]["out_of_sample"] is None and layer["fit_passes"] == 9 and layer["test_passes"] is None
     assert doc["layers"][1]["after"]["in_sample"]["imbalance"] is None
+    # Round-robin (one block, offset 0): expert 1's 9 tokens go 5 to slot 1 and 4 to slot 5 of the
+    # trivial map, GPU loads 1 + 5 + 4 | 4 + 4 = 10 | 8; the placement holds all three copies on GPU 0.
+    assert layer["imbalance"] == {"even": 0.0, "static": None, "round-robin": 0.0}
+    assert layer["trivial_imbalance"] == {"even": 0.0, "static": None, "round-robin": 1 / 9}
+    assert doc["layers"][1]["imbalance"] == {"even": None, "static": None, "round-robin": None}
+    assert doc["dispatch"] == {"model": "even", "source_ranks": 1, "static": None, "why": STATIC_UNKNOWN}
     assert doc["summary"] == {"routed_layers": 1,
                               "before": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
-                              "after": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None}}
+                              "after": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
+                              "imbalance": {"even": 0.0, "static": None, "round-robin": 0.0},
+                              "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}}
     assert capfd.readouterr().out == (
         "placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 routed layers:\n"
-        "  in sample: 0.000 trivial -> 0.000 placed\n"
+        "  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES +
         f"wrote {out} (json)\n")
 
 
@@ -185,7 +197,7 @@ def test_on_a_terminal_without_o_only_the_summary_is_printed(tmp_path: Path, cap
 
     path = write_capture(tmp_path / "c.json", DOC)
     summary = ("placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 "
-               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n")
+               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert main(["place", path, "--gpus", "2", "--slots", "6"]) == 0
     assert capfd.readouterr() == (
@@ -215,13 +227,34 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
                                       "how many GPUs it is for: give --gpus\n")
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--json"]) == 0
     doc = json.loads(capfd.readouterr().out)
-    assert doc["placement"] == {"file": str(placement), "gpus": 2, "slots": 6, "layers": [
-        {"layer": 0, "imbalance": 1 / 9, "balancedness": 0.9, "max_load": 10.0, "mean_load": 9.0},
-        {"layer": 1, "imbalance": None, "balancedness": None, "max_load": 0.0, "mean_load": 0.0}]}
+    # Slots 2 1 1 | 3 1 0: expert 1 has a copy on each of slots 1, 2, 4; even and round-robin
+    # (9 ids of expert 1 in one block: 3 per copy) both give 4 + 3 + 3 | 4 + 3 + 1 = 10 | 8.
+    none = {"even": None, "static": None, "round-robin": None}
+    assert doc["placement"] == {
+        "file": str(placement), "gpus": 2, "slots": 6, "dispatch": "even", "source_ranks": 1, "static": None,
+        "why": STATIC_UNKNOWN, "layers": [
+            {"layer": 0, "imbalance": {"even": 1 / 9, "static": None, "round-robin": 1 / 9}, "balancedness": 0.9,
+             "max_load": 10.0, "mean_load": 9.0, "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}},
+            {"layer": 1, "imbalance": none, "balancedness": None, "max_load": 0.0, "mean_load": 0.0,
+             "trivial_imbalance": none}],
+        "mean_imbalance": {"even": 1 / 9, "static": None, "round-robin": 1 / 9},
+        "mean_trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}}
+    # Static under the even-spread assumption (4.5 + 2 + 0.5 + 2 tokens from each rank): rank 0 has
+    # no copy of experts 0 and 3 (slots 5, 3), rank 1 none of expert 2 (slot 0): 8.5 | 9.5, 1/18;
+    # the trivial map 0 1 2 | 3 0 1 keeps every token local but expert 3's from rank 0 and
+    # expert 2's from rank 1: 9 | 9.
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--json", "--dispatch", "static"]) == 0
+    doc = json.loads(capfd.readouterr().out)["placement"]
+    assert doc["layers"][0]["imbalance"] == {"even": 1 / 9, "static": 1 / 18, "round-robin": 1 / 9}
+    assert doc["layers"][0]["trivial_imbalance"] == {"even": 0.0, "static": 0.0, "round-robin": 1 / 9}
+    assert (doc["dispatch"], doc["static"], doc["why"]) == (
+        "static", "assumed: each expert's tokens spread evenly over the 2 source ranks (one capture)", None)
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 0
     lines = capfd.readouterr().out.splitlines()
-    assert lines[-4:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
-                          "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111"]
+    assert lines[-6:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
+                          "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111",
+                          "  in sample by dispatch model (mean, trivial -> this file): even 0.000 -> 0.111, "
+                          "static - -> -, round-robin 0.111 -> 0.111", f"  static dispatch: {STATIC_UNKNOWN}"]
     placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,1],[0,1,2,3,0,1]]}')
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: {placement}: expert 0 of layer 0 has no slot in the placement\n"

@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 from fractions import Fraction
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from ._io import UsageError, emit, read_capture, run_guarded
 from ..analysis.capture_sequences import exact_fraction
+from ..analysis.capture import Capture
+from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
 from ..placement.formats import FORMATS, render
 
@@ -27,8 +29,15 @@ def add_commands(commands: Any, positive: Any) -> None:
         "(S - E replicas of the busiest experts), evaluate its load imbalance, and write it as "
         "turbospark's JSON, SGLang's --init-expert-location file or TensorRT-LLM's EPLB YAML.",
     )
-    cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    cmd.add_argument("capture", metavar="CAPTURE", nargs="+",
+                     help="capture JSON file; or G files, one per source rank (attention data parallelism: "
+                     "rank i = file i), for static and round-robin dispatch")
     cmd.add_argument("--gpus", type=positive, required=True, metavar="G", help="GPUs (expert-parallel ranks)")
+    cmd.add_argument("--dispatch", choices=DISPATCH, default="even",
+                     help="how the engine picks a replica, the model to optimise for (default even): even = "
+                     "1/r of the tokens per replica; static = SGLang's static dispatch (local replica first; "
+                     "with one capture, tokens assumed spread evenly over the G source ranks); round-robin = "
+                     "TensorRT-LLM's load balancer routing (see docs/placement.md)")
     cmd.add_argument("--slots", type=positive, metavar="S", help="physical expert slots per layer (default: E)")
     cmd.add_argument("--nodes", type=positive, default=1, metavar="N", help="nodes (default 1)")
     cmd.add_argument("--groups", type=positive, metavar="X",
@@ -67,11 +76,37 @@ def fraction(text: str) -> Fraction:
     return value
 
 
+def read_ranks(paths: list[str], gpus: int) -> tuple[Capture, Any, Optional[Routing]]:
+    """One capture (its sequences, no routing), or G per-rank captures: their summed counts as one
+    capture, no sequences, and their ``Routing`` (rank i = file i). Raises ``UsageError``
+    naming the files when there are not G of them or their geometry differs."""
+    if len(paths) == 1:
+        capture, seqs = read_capture(paths[0], with_sequences=True)
+        return capture, seqs, None
+    if len(paths) != gpus:
+        raise UsageError(f"{len(paths)} per-rank captures for --gpus {gpus}: give one capture, "
+                         f"or one per source rank ({gpus})")
+    captures = [read_capture(path)[0] for path in paths]
+    first = captures[0]
+    for path, capture in zip(paths[1:], captures[1:]):
+        if capture.header != first.header:
+            raise UsageError(f"{path} ({_geometry(capture)}) does not fit {paths[0]} ({_geometry(first)})")
+    traced = all(c.trace is not None for c in captures)
+    flow = routing([c.counts for c in captures], [c.trace for c in captures] if traced else None)
+    total = Capture(first.num_layers, first.num_experts, first.top_k, flow.counts.sum(axis=0))
+    return total, None, flow
+
+
+def _geometry(capture: Capture) -> str:
+    return f"{capture.num_layers} layers x {capture.num_experts} experts, top-{capture.top_k}"
+
+
 def _run_place(args: argparse.Namespace) -> int:
-    capture, seqs = read_capture(args.capture, with_sequences=True)
+    capture, seqs, flow = read_ranks(args.capture, args.gpus)
+    source = args.capture[0] if len(args.capture) == 1 else args.capture
     doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
-                           source=args.capture)
+                           source=source, dispatch=args.dispatch, flow=flow)
     routed = [layer for layer, total in enumerate(capture.totals.tolist()) if total > 0]
     # Without -o on a terminal, the document (often hundreds of KB) would bury
     # the summary: print only the summary and how to save the file.

@@ -5,8 +5,10 @@ each layer onto S >= E physical slots (S - E replicas of the experts with
 the most load per replica), S / G consecutive slots per GPU. It runs
 DeepSeek's EPLB greedy (replication, balanced packing, hierarchical by node
 when ``groups`` is given) and then refines it by slot swaps between GPUs,
-keeping per layer whichever of the two has the lower busiest-GPU load: never
-worse than the published algorithm, better where its greedy leaves room.
+keeping per layer whichever of the two has the lower busiest-GPU load under
+the chosen dispatch model (``turbospark.placement.dispatch``: even, static or
+round-robin): never worse than the published algorithm under that model,
+better where its greedy leaves room.
 
 ``turbospark.placement.document`` evaluates a placement in and out of
 sample; ``turbospark.placement.formats`` writes what SGLang and
@@ -15,6 +17,7 @@ TensorRT-LLM read.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,16 +25,18 @@ import numpy as np
 
 from ._greedy import eplb
 from ._refine import refine
-from .evaluate import gpu_loads, replica_counts, trivial_map
+from .dispatch import SGLANG_SEED, DISPATCH, Routing, dispatch_loads, routing, source_counts, static_layer_loads
+from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
 
-__all__ = ["Placement", "check_geometry", "place", "trivial_map"]
+__all__ = ["DISPATCH", "Placement", "Routing", "check_geometry", "place", "routing", "trivial_map"]
 
 
 @dataclass(frozen=True, eq=False)
 class Placement:
     """A placement: ``phy2log`` (L, S) expert per slot (GPU g holds slots
     g*S/G .. (g+1)*S/G - 1), ``replicas`` (L, E) slots per expert, ``greedy``
-    the published algorithm's map for the same inputs, and the settings."""
+    the published algorithm's map for the same inputs, and the settings
+    (``dispatch``: the model the per-layer choice was made under)."""
 
     phy2log: np.ndarray
     replicas: np.ndarray
@@ -39,6 +44,7 @@ class Placement:
     gpus: int
     nodes: int
     groups: Optional[int]
+    dispatch: str = "even"
 
 
 def check_geometry(num_experts: int, gpus: int, slots: Optional[int], nodes: int,
@@ -71,15 +77,22 @@ def check_geometry(num_experts: int, gpus: int, slots: Optional[int], nodes: int
 
 
 def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int = 1,
-          groups: Optional[int] = None) -> Placement:
+          groups: Optional[int] = None, dispatch: str = "even", flow: Optional[Routing] = None,
+          assume_even: bool = False) -> Placement:
     """Place each layer's experts for the (L, E) non-negative ``counts``.
 
     ``gpus`` G, ``slots`` S (default E; S - E replicas), ``nodes`` N and
     ``groups`` X: with groups, X consecutive expert groups are packed onto
     nodes and all replicas of a group's experts stay on its node; without,
-    the placement is global (nodes then only have to divide G). Returns a
-    ``Placement``; raises ``ValueError`` for invalid settings or counts.
+    the placement is global (nodes then only have to divide G).
+    ``dispatch`` (one of ``DISPATCH``) is the model each layer's busiest GPU
+    is judged under; ``flow`` the per-source-rank routing behind ``counts``
+    (default: ``counts`` as one unknown source); ``static`` without measured
+    ranks needs ``assume_even`` (tokens spread evenly over the G ranks).
+    Returns a ``Placement``; raises ``ValueError`` for invalid settings or counts.
     """
+    if dispatch not in DISPATCH:
+        raise ValueError(f"--dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.dtype.kind not in "iuf" or (counts.size and counts.min() < 0):
         raise ValueError("counts must be a 2-D array of non-negative numbers (layers x experts)")
@@ -91,6 +104,44 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
     greedy, _ = eplb(counts, slots, groups if hierarchical else 1, nodes if hierarchical else 1, gpus)
     weight = counts.astype(np.float64)
     refined = refine(greedy, weight, gpus, nodes if hierarchical else 1)
-    better = gpu_loads(refined, weight, gpus).max(axis=1) <= gpu_loads(greedy, weight, gpus).max(axis=1)
-    phy2log = np.where(better[:, None], refined, greedy)
-    return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups)
+    flow = routing([counts]) if flow is None else flow
+    if dispatch == "static" and not flow.measured and not assume_even:
+        raise ValueError("--dispatch static needs per-source-rank counts (one capture per rank) "
+                         "or the even-spread assumption (assume_even=True)")
+    if dispatch == "static":
+        phy2log = _static_choice(refined, greedy, flow, gpus)
+    else:
+        scores = [dispatch_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, greedy)]
+        phy2log = np.where((scores[0] <= scores[1])[:, None], refined, greedy)
+    return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups, dispatch)
+
+
+def _static_choice(refined: np.ndarray, greedy: np.ndarray, flow: Routing, gpus: int) -> np.ndarray:
+    """Under static dispatch SGLang's one generator runs through the layers, so a layer's fallback
+    draws depend on the maps before it: choose layer by layer (refined or greedy, whichever has the
+    lighter busiest GPU from the generator state the earlier choices leave), then keep whichever of
+    that map, the even-optimised one and the published one has the lowest mean imbalance."""
+    sent = source_counts(flow, gpus)
+    rng = random.Random(SGLANG_SEED)
+    chosen = greedy.copy()
+    for layer in range(greedy.shape[0]):
+        state = rng.getstate()
+        tried = []
+        for row in (refined[layer], greedy[layer]):
+            rng.setstate(state)
+            tried.append((static_layer_loads(row, sent[:, layer], gpus, rng).max(), rng.getstate(), row))
+        best = tried[0] if tried[0][0] <= tried[1][0] else tried[1]
+        chosen[layer] = best[2]
+        rng.setstate(best[1])
+    even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, greedy)]
+    even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, greedy)
+    candidates = (chosen, even_optimised, greedy)
+    means = [_mean_imbalance(dispatch_loads("static", m, flow, gpus, True)) for m in candidates]
+    return candidates[int(np.argmin(means))]
+
+
+def _mean_imbalance(loads: np.ndarray) -> float:
+    """Mean over the loaded layers of (max - mean) / mean (0 when none has load)."""
+    values = imbalance(loads)[0]
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else 0.0
