@@ -22,6 +22,7 @@ DOC = traced(4, 2, [PASSES, []])
 DISPATCH_LINES = ("  in sample by dispatch model (trivial -> placed; optimised for even): even 0.000 -> 0.000, "
                   "static - -> -, round-robin 0.111 -> 0.000\n"
                   f"  static dispatch: {STATIC_UNKNOWN}\n")
+IDLE_LINE = "  1 MoE layers without passes (1): the trivial placement (slot s holds expert s mod E)\n"
 
 
 def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -31,9 +32,10 @@ def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
     doc = json.loads(out.read_text())
     assert doc["inputs"] == {"capture": path, "num_layers": 2, "num_experts": 4, "top_k": 2, "gpus": 2,
                              "slots": 6, "nodes": 1, "groups": None, "fit": None, "batch": None, "batches": None}
-    assert doc["physical_to_logical_map"] == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 0]]
-    # Layer 1 has no load: the published replication gives every spare slot to expert 0 (first maximum).
-    assert doc["replica_counts"] == [[1, 3, 1, 1], [3, 1, 1, 1]]
+    assert doc["physical_to_logical_map"] == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]]
+    # Layer 1 has no load: the trivial placement (the published replication would give every
+    # spare slot to expert 0, its first maximum).
+    assert doc["replica_counts"] == [[1, 3, 1, 1], [2, 2, 1, 1]]
     layer = doc["layers"][0]
     # Trivial map 0 1 2 | 3 0 1: expert 0 and 1 have two replicas: 0.5 + 4.5 + 4 | 4 + 0.5 + 4.5.
     assert layer["before"]["in_sample"] == {"imbalance": 0.0, "balancedness": 1.0, "max_load": 9.0, "mean_load": 9.0}
@@ -54,7 +56,7 @@ def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
                               "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}}
     assert capfd.readouterr().out == (
         "placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 routed layers:\n"
-        "  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES +
+        "  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES + IDLE_LINE +
         f"wrote {out} (json)\n")
 
 
@@ -62,22 +64,21 @@ def test_sglang_and_trtllm_formats_exact_and_parsed_back(tmp_path: Path, capfd: 
     path = write_capture(tmp_path / "c.json", DOC)
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
     captured = capfd.readouterr()
-    assert captured.out == '{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n'
+    assert captured.out == '{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n'
     assert captured.err.startswith("placement: 2 layers x 4 experts")
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "trtllm"]) == 0
     text = capfd.readouterr().out
-    # Only the routed layer 0, keyed by its index.
-    assert text == ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\n"
+    # Every MoE layer, keyed by its index; layer 1 (no passes) holds the trivial placement.
+    assert text == ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\n  1: [0, 1, 2, 3, 0, 1]\n"
                     "layer_updates_per_iter: 0\nnum_slots: 6\n")
-    assert parse_trtllm(text) == ({0: [1, 1, 1, 3, 2, 0]}, 6)
+    assert parse_trtllm(text) == ({0: [1, 1, 1, 3, 2, 0], 1: [0, 1, 2, 3, 0, 1]}, 6)
     phy2log, gpus = read_placement(text, 2, 4, 2)
-    # A layer the YAML leaves out gets the trivial map.
     assert phy2log.tolist() == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]] and gpus == 2
     try:
         import yaml  # only when already installed: the format must be plain YAML
     except ImportError:
         return
-    assert yaml.safe_load(text) == {"initial_global_assignments": {0: [1, 1, 1, 3, 2, 0]},
+    assert yaml.safe_load(text) == {"initial_global_assignments": {0: [1, 1, 1, 3, 2, 0], 1: [0, 1, 2, 3, 0, 1]},
                                     "layer_updates_per_iter": 0, "num_slots": 6}
 
 
@@ -197,18 +198,23 @@ def test_on_a_terminal_without_o_only_the_summary_is_printed(tmp_path: Path, cap
 
     path = write_capture(tmp_path / "c.json", DOC)
     summary = ("placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 "
-               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES)
+               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES + IDLE_LINE)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert main(["place", path, "--gpus", "2", "--slots", "6"]) == 0
     assert capfd.readouterr() == (
         summary + "placement not written (json): give -o FILE to save it, or -o - to print it here\n", "")
+    # Beside an SGLang file printed to stdout, the flags name a FILE.json to save it as.
+    flags = ("SGLang: --ep-size 2 --ep-num-redundant-experts 2 --init-expert-location FILE.json "
+             "(6 slots = 4 experts + 2 redundant; 2 MoE rows)\n"
+             "  SGLang's dispatch: static (the default with DeepEP) gives imbalance unknown (no per-rank captures), "
+             "--ep-dispatch-algorithm dynamic about 0.000 (optimised for even)\n")
     # -o - prints the document even on a terminal; the summary goes to stderr.
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "-o", "-"]) == 0
-    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n', summary + flags)
     # Not a terminal (a pipe, a redirect): the document on stdout, the summary on stderr, as before.
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
-    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n', summary + flags)
 
 
 def test_bad_fraction_is_an_argument_error(capfd: pytest.CaptureFixture[str]) -> None:
@@ -267,15 +273,20 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
          "line 4 is not part of a TensorRT-LLM EPLB file: 'bogus: 1'"),
         ("initial_global_assignments:\n  0: [1, 1, 1, 3]\nnum_slots: 6\n", "layer 0 lists 4 experts, not num_slots=6"),
         ("initial_global_assignments:\n  5: [1, 1, 1, 3, 2, 0]\nnum_slots: 6\n",
-         "layer 5 of the placement is not below num_layers=2"),
-        ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 layers, the capture 2"),
+         "layer 5 of the placement is outside the capture's 2 MoE layers (decoder layers 0..1)"),
+        ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 rows, the capture 2 MoE layers"),
+        # A MoE layer missing from the YAML: TensorRT-LLM's build would stop on it.
+        ("initial_global_assignments:\n  0: [1, 1, 1, 3]\nnum_slots: 4\n",
+         "the placement has no row for layer 1 (1 of the capture's 2 MoE layers missing): "
+         "TensorRT-LLM's build fails with KeyError on it"),
+        ('{"physical_to_logical_map":[[0,1],[0,1]]}', "the placement has 2 slots per layer, fewer than the capture's 4 experts"),
         ('{"physical_to_logical_map":[[0,1,2,9],[0,1,2,3]]}', "the placement holds expert id 9, outside 0..3"),
         ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found 3.5"),
         ('{"physical_to_logical_map":[[0,1,2,3,0,1],[0,1,2,3,0,1]]}', "6 slots do not divide over 4 GPUs"),
         # Ids beyond int64 name themselves (once an OverflowError traceback, exit 1).
         ('{"physical_to_logical_map":[[0,1,2,99999999999999999999],[0,1,2,3]]}',
          "the placement holds expert id 99999999999999999999, outside 0..3"),
-        ("initial_global_assignments:\n  0: [0, 1, 2, 99999999999999999999]\nnum_slots: 4\n",
+        ("initial_global_assignments:\n  0: [0, 1, 2, 99999999999999999999]\n  1: [0, 1, 2, 3]\nnum_slots: 4\n",
          "the placement holds expert id 99999999999999999999, outside 0..3"),
         ('{"physical_to_logical_map":[[0,1,null,3],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found None"),
         # Empty rows (once numpy's "zero-size array to reduction operation minimum which has no identity").
@@ -321,3 +332,53 @@ def test_malformed_sequence_keys_exit_2(tmp_path: Path, capfd: pytest.CaptureFix
     path = write_capture(tmp_path / "c.json", doc)
     assert main(["place", path, "--gpus", "2", "--batch", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: cannot read {path}: seq[0] has 2 entries, expected one per pass of the layer (9)\n"
+
+
+def test_geometry_refusals_name_both_sides(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "p.json"
+    # An 8-GPU file under 2 GPUs (SGLang would load it under --ep-size 16 without a word).
+    placement.write_text('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":{"gpus":4}}')
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
+    assert capfd.readouterr().err == (f"turbospark: {placement}: the placement was made for 4 GPUs "
+                                      "(its inputs.gpus), not --gpus 2\n")
+    # Rows for 3 dense layers first: --first-moe-layer 3 drops them, without it the count is refused.
+    placement.write_text('{"physical_to_logical_map":' + json.dumps([[0, 1, 2, 3]] * 5) + "}")
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--first-moe-layer", "2"]) == 2
+    assert capfd.readouterr().err == (f"turbospark: {placement}: the placement has 5 rows, the capture 2 "
+                                      "MoE layers after 2 dense layers (--first-moe-layer)\n")
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--first-moe-layer", "3",
+                 "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["placement"]["slots"] == 4
+
+
+def test_files_for_the_engines_say_what_they_need(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    yaml_path, json_path = tmp_path / "eplb.yaml", tmp_path / "sglang.json"
+    # Layer 1 has no passes: it still gets a row (the trivial placement), keyed by decoder layer 3 + 1.
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "trtllm", "--first-moe-layer", "3",
+                 "-o", str(yaml_path)]) == 0
+    assert yaml_path.read_text() == ("initial_global_assignments:\n  3: [1, 1, 1, 3, 2, 0]\n  4: [0, 1, 2, 3, 0, 1]\n"
+                                     "layer_updates_per_iter: 0\nnum_slots: 6\n")
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        "  1 MoE layers without passes (1): the trivial placement (slot s holds expert s mod E)",
+        f"TensorRT-LLM: moe_config: {{load_balancer: {yaml_path}}} with enable_attention_dp: true, --ep 2 "
+        "(6 slots = 4 experts + 2 redundant; keys are decoder layers 3..4)",
+        f"wrote {yaml_path} (trtllm)"]
+    assert read_placement(yaml_path.read_text(), 2, 4, 2, 3)[0].tolist() == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]]
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "--first-moe-layer", "1",
+                 "-o", str(json_path)]) == 0
+    assert json_path.read_text() == '{"physical_to_logical_map":[[0,1,2,3,0,1],[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n'
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        f"SGLang: --ep-size 2 --ep-num-redundant-experts 2 --init-expert-location {json_path} "
+        "(6 slots = 4 experts + 2 redundant; 1 trivial rows for the dense layers, then 2 MoE rows)",
+        "  SGLang's dispatch: static (the default with DeepEP) gives imbalance unknown (no per-rank captures), "
+        "--ep-dispatch-algorithm dynamic about 0.000 (optimised for even)",
+        f"wrote {json_path} (sglang)"]
+    # SGLang parses an --init-expert-location not ending in .json as JSON text: refused before writing.
+    assert main(["place", path, "--gpus", "2", "--format", "sglang", "-o", str(tmp_path / "map.txt")]) == 2
+    assert capfd.readouterr().err == (f"turbospark: -o {tmp_path / 'map.txt'}: SGLang reads --init-expert-location "
+                                      "as a file only when its name ends in .json; name it like placement.json\n")
+    assert not (tmp_path / "map.txt").exists()

@@ -31,6 +31,9 @@ def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -
                         "(turbospark's JSON, SGLang's or TensorRT-LLM's file)")
     parser.add_argument("--gpus", type=positive, metavar="G",
                         help="GPUs of a --placement file that does not say (SGLang's, TensorRT-LLM's)")
+    parser.add_argument("--first-moe-layer", type=int, default=0, metavar="D",
+                        help="decoder-layer index of MoE layer 0 in a --placement file (SGLang's map then has "
+                        "D + L rows, TensorRT-LLM's keys run D..D+L-1; default 0)")
     parser.add_argument("--dispatch", choices=DISPATCH,
                         help="dispatch model of a --placement file's headline figures: even (default), static "
                         "(SGLang's; one capture: tokens assumed spread evenly over the G source ranks) or "
@@ -47,11 +50,13 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
         raise ValueError("--gpus only applies to a --placement file")
     if args.dispatch is not None and args.placement is None:
         raise ValueError("--dispatch only applies to a --placement file")
+    if args.first_moe_layer < 0:
+        raise ValueError(f"--first-moe-layer must be 0 or more, got {args.first_moe_layer}")
     if args.placement is None and args.holdout is None:
         return None
     out = Extras()
     if args.placement is not None:
-        _placement(capture, args.placement, args.gpus, args.dispatch or "even", out)
+        _placement(capture, args.placement, args.gpus, args.dispatch or "even", args.first_moe_layer, out)
     if args.holdout is not None:
         from ..analysis.holdout import holdout, holdout_lines
 
@@ -66,14 +71,15 @@ def whole_flow(capture: Capture) -> Routing:
     return routing([capture.counts], None if capture.trace is None else [capture.trace])
 
 
-def _placement(capture: Capture, path: str, gpus: Optional[int], dispatch: str, out: Extras) -> None:
+def _placement(capture: Capture, path: str, gpus: Optional[int], dispatch: str, first_layer: int,
+               out: Extras) -> None:
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        phy2log, gpus = read_placement(text, capture.num_layers, capture.num_experts, gpus)
+        phy2log, gpus = read_placement(text, capture.num_layers, capture.num_experts, gpus, first_layer)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     stats = evaluate_map(capture, phy2log, gpus)

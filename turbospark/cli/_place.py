@@ -49,6 +49,10 @@ def add_commands(commands: Any, positive: Any) -> None:
     cmd.add_argument("--batch", type=positive, metavar="B",
                      help="also report imbalance per serving batch of B passes (needs the trace)")
     cmd.add_argument("--format", choices=FORMATS, default="json", help="output format (default json)")
+    cmd.add_argument("--first-moe-layer", type=int, default=0, metavar="D",
+                     help="decoder-layer index of the capture's MoE layer 0, for models whose first D layers "
+                     "are dense (DeepSeek-V3: 3): SGLang's map gets D trivial rows first, TensorRT-LLM's keys "
+                     "run D..D+L-1 (default 0)")
     cmd.add_argument("-o", "--output", metavar="FILE",
                      help="file to write, - for stdout (default: stdout when it is not a terminal; "
                      "on a terminal only the summary is printed)")
@@ -102,26 +106,63 @@ def _geometry(capture: Capture) -> str:
 
 
 def _run_place(args: argparse.Namespace) -> int:
+    if args.first_moe_layer < 0:
+        raise UsageError(f"--first-moe-layer must be 0 or more, got {args.first_moe_layer}")
+    if args.format == "sglang" and args.output not in (None, "-") and not args.output.endswith(".json"):
+        # SGLang parses an --init-expert-location that does not end in .json (or .pt) as JSON text.
+        raise UsageError(f"-o {args.output}: SGLang reads --init-expert-location as a file only when "
+                         "its name ends in .json; name it like placement.json")
     capture, seqs, flow = read_ranks(args.capture, args.gpus)
     source = args.capture[0] if len(args.capture) == 1 else args.capture
     doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
                            source=source, dispatch=args.dispatch, flow=flow)
-    routed = [layer for layer, total in enumerate(capture.totals.tolist()) if total > 0]
     # Without -o on a terminal, the document (often hundreds of KB) would bury
     # the summary: print only the summary and how to save the file.
     held_back = args.output is None and sys.stdout.isatty()
     if not held_back:
-        emit(render(args.format, doc, placement.phy2log, routed), args.output)
+        emit(render(args.format, doc, placement.phy2log, args.first_moe_layer), args.output)
     # The document goes to stdout without -o (or with -o -); the summary then goes to stderr.
     out = sys.stderr if args.output in (None, "-") and not held_back else sys.stdout
-    for line in summary_lines(doc):
+    for line in summary_lines(doc) + engine_lines(args.format, doc, args.output, args.first_moe_layer):
         print(line, file=out)
     if held_back:
         print(f"placement not written ({args.format}): give -o FILE to save it, or -o - to print it here", file=out)
     elif args.output != "-" and args.output is not None:
         print(f"wrote {args.output} ({args.format})", file=out)
     return 0
+
+
+def engine_lines(fmt: str, doc: dict[str, Any], output: Optional[str], first_layer: int) -> list[str]:
+    """What the engine needs beside the file: EP size, slot count, flags, the layers placed trivially."""
+    inputs = doc["inputs"]
+    gpus, slots, experts, layers = inputs["gpus"], inputs["slots"], inputs["num_experts"], inputs["num_layers"]
+    idle = [row["layer"] for row in doc["layers"] if row["after"]["in_sample"]["mean_load"] == 0]
+    lines = []
+    if idle:
+        shown = ", ".join(map(str, idle[:8])) + (", ..." if len(idle) > 8 else "")
+        lines.append(f"  {len(idle)} MoE layers without passes ({shown}): the trivial placement (slot s holds expert s mod E)")
+    name = output if output not in (None, "-") else "FILE"
+    spare = f"{slots} slots = {experts} experts + {slots - experts} redundant"
+    decoder = f"decoder layers {first_layer}..{first_layer + layers - 1}"
+    if fmt == "sglang":
+        rows = f"{first_layer} trivial rows for the dense layers, then " if first_layer else ""
+        imb = doc["summary"]["imbalance"]
+        lines.append(f"SGLang: --ep-size {gpus} --ep-num-redundant-experts {slots - experts} "
+                     f"--init-expert-location {name if name.endswith('.json') else name + '.json'} "
+                     f"({spare}; {rows}{layers} MoE rows)")
+        static = "unknown (no per-rank captures)" if imb["static"] is None else f"{imb['static']:.3f}"
+        lines.append(f"  SGLang's dispatch: static (the default with DeepEP) gives imbalance {static}, "
+                     f"--ep-dispatch-algorithm dynamic about {_fmt(imb['even'])} "
+                     f"(optimised for {doc['dispatch']['model']})")
+    elif fmt == "trtllm":
+        lines.append(f"TensorRT-LLM: moe_config: {{load_balancer: {name}}} with enable_attention_dp: true, "
+                     f"--ep {gpus} ({spare}; keys are {decoder})")
+    return lines
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _run_export(args: argparse.Namespace) -> int:

@@ -35,7 +35,8 @@ __all__ = ["DISPATCH", "Placement", "Routing", "check_geometry", "place", "routi
 class Placement:
     """A placement: ``phy2log`` (L, S) expert per slot (GPU g holds slots
     g*S/G .. (g+1)*S/G - 1), ``replicas`` (L, E) slots per expert, ``greedy``
-    the published algorithm's map for the same inputs, and the settings
+    the published algorithm's map for the same inputs, and the settings. Layers
+    without load get the trivial map (slot s holds expert s mod E)
     (``dispatch``: the model the per-layer choice was made under)."""
 
     phy2log: np.ndarray
@@ -108,11 +109,16 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
     if dispatch == "static" and not flow.measured and not assume_even:
         raise ValueError("--dispatch static needs per-source-rank counts (one capture per rank) "
                          "or the even-spread assumption (assume_even=True)")
+    # A layer without load gets the trivial placement, the one an engine starts from.
+    idle = counts.sum(axis=1) == 0
+    refined[idle] = trivial_map(int(idle.sum()), experts, slots)
+    published = greedy.copy()
+    published[idle] = refined[idle]
     if dispatch == "static":
-        phy2log = _static_choice(refined, greedy, flow, gpus)
+        phy2log = _static_choice(refined, published, flow, gpus)
     else:
-        scores = [dispatch_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, greedy)]
-        phy2log = np.where((scores[0] <= scores[1])[:, None], refined, greedy)
+        scores = [dispatch_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, published)]
+        phy2log = np.where((scores[0] <= scores[1])[:, None], refined, published)
     return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups, dispatch)
 
 
