@@ -11,7 +11,7 @@ from ..analysis.capture import Capture
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import by_dispatch, dispatch_inputs, dispatch_lines, evaluate_map, model_means
 from ..placement.evaluate import trivial_map
-from ..placement.formats import read_placement
+from ..placement.formats import read_placement_file
 
 __all__ = ["Extras", "add_options", "extras"]
 
@@ -73,15 +73,7 @@ def whole_flow(capture: Capture) -> Routing:
 
 def _placement(capture: Capture, path: str, gpus: Optional[int], dispatch: str, first_layer: int,
                out: Extras) -> None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        phy2log, gpus = read_placement(text, capture.num_layers, capture.num_experts, gpus, first_layer)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    phy2log, gpus = read_placement_file(path, capture, gpus, first_layer)
     stats = evaluate_map(capture, phy2log, gpus)
     flow = whole_flow(capture)
     assume = dispatch == "static"

@@ -15,7 +15,7 @@ from ..analysis.capture_sequences import exact_fraction
 from ..analysis.capture import Capture
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
-from ..placement.formats import FORMATS, render
+from ..placement.formats import FORMATS, read_placement_file, render
 
 __all__ = ["add_commands", "draw_placement", "fraction"]
 
@@ -48,6 +48,13 @@ def add_commands(commands: Any, positive: Any) -> None:
                      "of first appearance, whole, so both halves hold prompt and decode")
     cmd.add_argument("--batch", type=positive, metavar="B",
                      help="also report imbalance per serving batch of B passes (needs the trace)")
+    cmd.add_argument("--from", dest="current", metavar="CURRENT",
+                     help="the placement served now (any placement file): rebalance from it, moving few slots")
+    cmd.add_argument("--max-moves", type=int, metavar="M",
+                     help="with --from: move at most M slots per layer (default unbounded: the from-scratch "
+                     "placement, relabelled to move as few slots as its loads allow); 0 keeps the current one")
+    cmd.add_argument("--expert-bytes", type=positive, metavar="B",
+                     help="with --from: bytes of one expert's weights, to report the bytes moved")
     cmd.add_argument("--format", choices=FORMATS, default="json", help="output format (default json)")
     cmd.add_argument("--first-moe-layer", type=int, default=0, metavar="D",
                      help="decoder-layer index of the capture's MoE layer 0, for models whose first D layers "
@@ -114,9 +121,13 @@ def _run_place(args: argparse.Namespace) -> int:
                          "its name ends in .json; name it like placement.json")
     capture, seqs, flow = read_ranks(args.capture, args.gpus)
     source = args.capture[0] if len(args.capture) == 1 else args.capture
+    current = None
+    if args.current is not None:
+        current = read_placement_file(args.current, capture, args.gpus, args.first_moe_layer)[0]
     doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
-                           source=source, dispatch=args.dispatch, flow=flow)
+                           source=source, dispatch=args.dispatch, flow=flow, current=current,
+                           max_moves=args.max_moves, expert_bytes=args.expert_bytes, current_source=args.current)
     # Without -o on a terminal, the document (often hundreds of KB) would bury
     # the summary: print only the summary and how to save the file.
     held_back = args.output is None and sys.stdout.isatty()

@@ -32,11 +32,19 @@ model the placement was optimised for, ``dispatch.static`` how the source
 ranks' loads were obtained (measured or assumed), ``dispatch.source_ranks``
 the number of per-rank captures (1: one capture). ``before`` and ``after``
 are the even model.
+
+With ``--from`` (a current placement): ``inputs`` adds ``from``,
+``max_moves`` (null: unbounded) and ``expert_bytes``; each layer adds
+``moved_slots`` (slots whose expert changes), ``moved_bytes`` (times
+``expert_bytes``, else null) and ``current_imbalance`` (BY_MODEL of the
+current placement); ``summary`` adds the totals ``moved_slots`` and
+``moved_bytes`` and the mean ``current_imbalance``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Optional, Union
 
@@ -46,7 +54,8 @@ from ..analysis.capture_sequences import Sequences, split_unit
 from ..analysis.capture import Capture
 from . import Placement, place
 from .dispatch import DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, Routing, dispatch_loads, routing
-from .evaluate import gpu_loads, imbalance, layer_stats, trivial_map
+from .evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
+from .migrate import align, moved_slots, rebalance
 from .samples import Split, batch_counts, split, window_sequences
 
 __all__ = ["build", "summary_lines"]
@@ -57,15 +66,29 @@ _KINDS = ("in_sample", "out_of_sample", "batch_in_sample", "batch_out_of_sample"
 def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: int = 1,
           groups: Optional[int] = None, fit: Optional[Union[float, Fraction]] = None, batch: Optional[int] = None,
           seqs: Optional[Sequences] = None, source: Optional[str] = None, dispatch: str = "even",
-          flow: Optional[Routing] = None) -> tuple[dict[str, Any], Placement]:
+          flow: Optional[Routing] = None, current: Optional[np.ndarray] = None,
+          max_moves: Optional[int] = None, expert_bytes: Optional[int] = None,
+          current_source: Optional[str] = None) -> tuple[dict[str, Any], Placement]:
     """Place ``capture``'s experts and evaluate the result; returns (document, placement).
 
     ``fit`` (0 < F < 1) and ``batch`` (B >= 1) need the trace; ``seqs`` is the
     capture's (seq, phase) or None; ``source`` names the capture in the
     inputs. ``dispatch`` is the model to optimise for; ``flow`` the per-rank
     routing when ``capture`` sums several per-rank captures (then no ``fit``
-    or ``batch``). Raises ``ValueError`` naming the problem for invalid settings.
+    or ``batch``). ``current``: the (L, S) placement served now (named
+    ``current_source``): the result is the best reachable from it moving at
+    most ``max_moves`` slots per layer (None: unbounded; see
+    ``turbospark.placement.migrate``), ``expert_bytes`` the bytes of one
+    expert's weights. Raises ``ValueError`` naming the problem for invalid settings.
     """
+    if current is None and (max_moves is not None or expert_bytes is not None):
+        raise ValueError("--max-moves and --expert-bytes need --from CURRENT_PLACEMENT")
+    if current is not None and slots is not None and current.shape[1] != slots:
+        raise ValueError(f"--slots {slots} but the current placement has {current.shape[1]} slots per layer")
+    if max_moves is not None and (type(max_moves) is not int or max_moves < 0):
+        raise ValueError(f"--max-moves must be 0 or more, got {max_moves!r}")
+    if expert_bytes is not None and (type(expert_bytes) is not int or expert_bytes < 1):
+        raise ValueError(f"--expert-bytes must be a positive integer, got {expert_bytes!r}")
     if flow is not None and (fit is not None or batch is not None):
         raise ValueError("--fit and --batch take one capture, not several per-rank captures")
     if batch is not None and (type(batch) is not int or batch < 1):
@@ -76,12 +99,20 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
     parts = split(capture, fit)
     flow = _fit_flow(capture, parts) if flow is None else flow
     assume = dispatch == "static" and not flow.measured
-    placement = place(parts.fit, gpus, slots, nodes, groups, dispatch, flow, assume)
+    placement = place(parts.fit, gpus, slots if current is None else current.shape[1], nodes, groups,
+                      dispatch, flow, assume)
+    if current is not None:
+        target = align(placement.phy2log, current, gpus, permute=dispatch == "even")
+        moved = rebalance(current, parts.fit, gpus, max_moves, target)
+        placement = replace(placement, phy2log=moved, replicas=replica_counts(moved, capture.num_experts))
     before = trivial_map(capture.num_layers, capture.num_experts, placement.phy2log.shape[1])
     evals = {"before": _evaluate(capture, parts, before, gpus, batch, seqs),
              "after": _evaluate(capture, parts, placement.phy2log, gpus, batch, seqs)}
     by_model = {"after": by_dispatch(placement.phy2log, flow, gpus, assume),
                 "before": by_dispatch(before, flow, gpus, assume)}
+    if current is not None:
+        by_model["current"] = by_dispatch(current, flow, gpus, assume)
+        moves = moved_slots(placement.phy2log, current)
     published = gpu_loads(placement.greedy, parts.fit.astype(np.float64), gpus).max(axis=1)
     layers = []
     for layer in range(capture.num_layers):
@@ -96,6 +127,11 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
             "imbalance": by_model["after"][layer],
             "trivial_imbalance": by_model["before"][layer],
         })
+        if current is not None:
+            count = int(moves[layer])
+            layers[-1].update({"moved_slots": count,
+                               "moved_bytes": None if expert_bytes is None else count * expert_bytes,
+                               "current_imbalance": by_model["current"][layer]})
     routed = [row for row, total in zip(layers, capture.totals.tolist()) if total > 0]
     doc = {
         "inputs": {
@@ -116,6 +152,11 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
             "trivial_imbalance": model_means(routed, "trivial_imbalance"),
         },
     }
+    if current is not None:
+        total = int(moves.sum())
+        doc["inputs"].update({"from": current_source, "max_moves": max_moves, "expert_bytes": expert_bytes})
+        doc["summary"].update({"moved_slots": total, "moved_bytes": None if expert_bytes is None else total * expert_bytes,
+                               "current_imbalance": model_means(routed, "current_imbalance")})
     return doc, placement
 
 
@@ -221,6 +262,13 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(f"  {label}: {_fmt(before)} trivial -> {_fmt(after)} placed")
     lines += dispatch_lines(doc["dispatch"], summary["trivial_imbalance"], summary["imbalance"],
                             f"trivial -> placed; optimised for {doc['dispatch']['model']}")
+    if "moved_slots" in summary:
+        limit = "unbounded" if inputs["max_moves"] is None else f"at most {inputs['max_moves']} per layer"
+        moved = f"{summary['moved_slots']} slots moved ({limit})"
+        if summary["moved_bytes"] is not None:
+            moved += f", {summary['moved_bytes']} bytes of expert weights"
+        cells = [f"{m} {_fmt(summary['current_imbalance'][m])} -> {_fmt(summary['imbalance'][m])}" for m in DISPATCH]
+        lines.append(f"  from {inputs['from']}: {moved}; in sample, current -> placed: " + ", ".join(cells))
     return lines
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..analysis.capture import _shown
 
-__all__ = ["FORMATS", "parse_trtllm", "read_placement", "render", "sglang_text", "trtllm_text"]
+__all__ = ["FORMATS", "parse_trtllm", "read_placement", "read_placement_file", "render", "sglang_text", "trtllm_text"]
 
 FORMATS = ("json", "sglang", "trtllm")
 
@@ -179,6 +179,20 @@ def _check_slots(slots: int, num_experts: int) -> None:
     """Raise ``ValueError`` when a layer has fewer slots than the capture has experts."""
     if 0 < slots < num_experts:
         raise ValueError(f"the placement has {slots} slots per layer, fewer than the capture's {num_experts} experts")
+
+
+def read_placement_file(path: str, capture: Any, gpus: int | None, first_layer: int = 0) -> tuple[np.ndarray, int]:
+    """``read_placement`` of the file at ``path`` against ``capture``'s geometry; raises
+    ``ValueError`` prefixed with the path when the file cannot be read or does not fit."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return read_placement(text, capture.num_layers, capture.num_experts, gpus, first_layer)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 _PLACEMENT_FILES = ("a placement file is turbospark place's JSON, SGLang's {\"physical_to_logical_map\": ...} "
