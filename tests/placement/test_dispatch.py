@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from turbospark.cli import main
 from turbospark.placement import place
 from turbospark.placement.dispatch import DISPATCH, dispatch_loads, routing, static_slots
-from turbospark.placement.evaluate import imbalance
+from turbospark.placement._static import divisor_placement
+from turbospark.placement.evaluate import imbalance, replica_counts
 
 from placement_helpers import traced, write_capture
 
@@ -138,3 +139,32 @@ def test_never_worse_than_published_under_its_model(seed: int, model: str, per_g
     # Whatever the model, every token lands somewhere.
     for other in DISPATCH:
         assert dispatch_loads(other, p.phy2log, flow, gpus).sum(axis=1) == pytest.approx(flow.total.sum(axis=1))
+
+
+def test_divisor_placement_by_hand() -> None:
+    # G = 2: one spare slot raises expert 0 (load 6) to 2 replicas; slots by share 3, 3, 3, 1:
+    # expert 0 to GPU 0, its second copy to GPU 1 (GPU 0 holds one), expert 1 to GPU 0, expert 2 to GPU 1.
+    layout = divisor_placement(np.array([[6, 3, 1]]), 4, 2)
+    assert layout.tolist() == [[0, 1, 0, 2]]
+    # Static, tokens spread evenly over the two ranks: rank 0 sends 3 + 1.5 local and expert 2's 0.5
+    # to GPU 1; rank 1 keeps 3 + 0.5 and sends expert 1's 1.5 to GPU 0: 6 | 4, the even loads.
+    flow = routing([np.array([[6, 3, 1]])])
+    assert dispatch_loads("static", layout, flow, 2, assume_even=True).tolist() == [[6.0, 4.0]]
+    assert dispatch_loads("even", layout, flow, 2).tolist() == [[6.0, 4.0]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([(4, 8, 12), (8, 16, 24), (4, 8, 16)]))
+def test_divisor_shape_makes_static_equal_even(seed: int, shape: tuple[int, int, int]) -> None:
+    gpus, experts, slots = shape
+    rng = np.random.default_rng(seed)
+    counts = rng.poisson(100 * rng.permutation(np.arange(1, experts + 1) ** -1.0), size=(3, experts))
+    layout = divisor_placement(counts, slots, gpus)
+    replicas = replica_counts(layout, experts)
+    per_gpu = layout.reshape(3, gpus, -1)
+    distinct = all(len(set(row.tolist())) == row.size for layer in per_gpu for row in layer)
+    # These shapes always leave room for the divisor steps and distinct GPUs.
+    assert (gpus % replicas == 0).all() and distinct
+    flow = routing([counts])
+    np.testing.assert_allclose(dispatch_loads("static", layout, flow, gpus, assume_even=True),
+                               dispatch_loads("even", layout, flow, gpus), rtol=1e-12)

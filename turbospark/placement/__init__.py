@@ -8,7 +8,12 @@ when ``groups`` is given) and then refines it by slot swaps between GPUs,
 keeping per layer whichever of the two has the lower busiest-GPU load under
 the chosen dispatch model (``turbospark.placement.dispatch``: even, static or
 round-robin): never worse than the published algorithm under that model,
-better where its greedy leaves room.
+better where its greedy leaves room. For static dispatch two more candidates
+join (without groups): replica counts that divide G on distinct GPUs
+(``_static``), as packed and as refined; SGLang's shared random generator
+couples the layers, so there the choice runs layer by layer and the
+guarantee (against the published map and the even-optimised one, both
+under static) is on the mean imbalance over layers.
 
 ``turbospark.placement.document`` evaluates a placement in and out of
 sample; ``turbospark.placement.formats`` writes what SGLang and
@@ -25,6 +30,7 @@ import numpy as np
 
 from ._greedy import eplb
 from ._refine import refine
+from ._static import divisor_placement
 from .dispatch import SGLANG_SEED, DISPATCH, Routing, dispatch_loads, routing, source_counts, static_layer_loads
 from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
 
@@ -115,35 +121,44 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
     published = greedy.copy()
     published[idle] = refined[idle]
     if dispatch == "static":
-        phy2log = _static_choice(refined, published, flow, gpus)
+        shaped = []
+        if not hierarchical:  # the divisor shape is global: it would break node groups
+            shaped = [divisor_placement(weight, slots, gpus)]
+            shaped.append(refine(shaped[0], weight, gpus, 1))
+            for m in shaped:
+                m[idle] = refined[idle]
+        phy2log = _static_choice([refined, published, *shaped], flow, gpus)
     else:
         scores = [dispatch_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, published)]
         phy2log = np.where((scores[0] <= scores[1])[:, None], refined, published)
     return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups, dispatch)
 
 
-def _static_choice(refined: np.ndarray, greedy: np.ndarray, flow: Routing, gpus: int) -> np.ndarray:
+def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int) -> np.ndarray:
     """Under static dispatch SGLang's one generator runs through the layers, so a layer's fallback
-    draws depend on the maps before it: choose layer by layer (refined or greedy, whichever has the
-    lighter busiest GPU from the generator state the earlier choices leave), then keep whichever of
-    that map, the even-optimised one and the published one has the lowest mean imbalance."""
+    draws depend on the maps before it: choose layer by layer among ``candidates`` (the refined
+    map, the published one, then any others) whichever has the lightest busiest GPU from the
+    generator state the earlier choices leave (the first on ties), then keep whichever of that
+    map, the even-optimised one and the published one has the lowest mean imbalance."""
+    refined, published = candidates[0], candidates[1]
     sent = source_counts(flow, gpus)
     rng = random.Random(SGLANG_SEED)
-    chosen = greedy.copy()
-    for layer in range(greedy.shape[0]):
+    chosen = published.copy()
+    for layer in range(published.shape[0]):
         state = rng.getstate()
-        tried = []
-        for row in (refined[layer], greedy[layer]):
+        best = None
+        for m in candidates:
             rng.setstate(state)
-            tried.append((static_layer_loads(row, sent[:, layer], gpus, rng).max(), rng.getstate(), row))
-        best = tried[0] if tried[0][0] <= tried[1][0] else tried[1]
+            peak = static_layer_loads(m[layer], sent[:, layer], gpus, rng).max()
+            if best is None or peak < best[0]:
+                best = (peak, rng.getstate(), m[layer])
         chosen[layer] = best[2]
         rng.setstate(best[1])
-    even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, greedy)]
-    even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, greedy)
-    candidates = (chosen, even_optimised, greedy)
-    means = [_mean_imbalance(dispatch_loads("static", m, flow, gpus, True)) for m in candidates]
-    return candidates[int(np.argmin(means))]
+    even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, published)]
+    even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, published)
+    finalists = (chosen, even_optimised, published)
+    means = [_mean_imbalance(dispatch_loads("static", m, flow, gpus, True)) for m in finalists]
+    return finalists[int(np.argmin(means))]
 
 
 def _mean_imbalance(loads: np.ndarray) -> float:
