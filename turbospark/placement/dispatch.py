@@ -192,10 +192,11 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
                 slot = order[layer, start[layer, ids] + replica]
                 loads[layer] += np.bincount(slot // per_gpu, minlength=gpus)
             else:
-                n = flow.counts[rank, layer].astype(np.int64)
-                for expert in np.flatnonzero(n):
-                    q = np.arange(r[expert])
-                    got = np.maximum(0, n[expert] - (q - offset) % r[expert] + r[expert] - 1) // r[expert]
-                    slot = order[layer, start[layer, expert] + q]
-                    np.add.at(loads[layer], slot // per_gpu, got)
+                # Slots in (expert, slot) order: the q-th copy of its expert gets the j = (q - g) mod r
+                # occurrences j, j + r, ... of the expert's n tokens.
+                expert = phy2log[layer, order[layer]]
+                q = np.arange(slots) - start[layer, expert]
+                n = flow.counts[rank, layer].astype(np.int64)[expert]
+                got = (n - (q - offset) % r[expert] + r[expert] - 1) // r[expert]
+                loads[layer] += np.bincount(order[layer] // per_gpu, weights=got, minlength=gpus)
     return loads
