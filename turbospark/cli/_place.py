@@ -102,8 +102,8 @@ def read_ranks(paths: list[str], gpus: int) -> tuple[Capture, Any, Optional[Rout
     for path, capture in zip(paths[1:], captures[1:]):
         if capture.header != first.header:
             raise UsageError(f"{path} ({_geometry(capture)}) does not fit {paths[0]} ({_geometry(first)})")
-    traced = all(c.trace is not None for c in captures)
-    flow = routing([c.counts for c in captures], [c.trace for c in captures] if traced else None)
+    traces = [c.trace for c in captures if c.trace is not None]
+    flow = routing([c.counts for c in captures], traces if len(traces) == len(captures) else None)
     total = Capture(first.num_layers, first.num_experts, first.top_k, flow.counts.sum(axis=0))
     return total, None, flow
 

@@ -31,7 +31,7 @@ import numpy as np
 from ._greedy import eplb
 from ._refine import refine
 from ._static import divisor_placement
-from .dispatch import SGLANG_SEED, DISPATCH, Routing, dispatch_loads, routing, source_counts, static_layer_loads
+from .dispatch import SGLANG_SEED, DISPATCH, Routing, known_loads, routing, source_counts, static_layer_loads
 from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
 
 __all__ = ["DISPATCH", "Placement", "Routing", "check_geometry", "place", "routing", "trivial_map"]
@@ -129,7 +129,7 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
                 m[idle] = refined[idle]
         phy2log = _static_choice([refined, published, *shaped], flow, gpus)
     else:
-        scores = [dispatch_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, published)]
+        scores = [known_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, published)]
         phy2log = np.where((scores[0] <= scores[1])[:, None], refined, published)
     return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups, dispatch)
 
@@ -146,18 +146,17 @@ def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int) -> np
     chosen = published.copy()
     for layer in range(published.shape[0]):
         state = rng.getstate()
-        best = None
+        tried = []
         for m in candidates:
             rng.setstate(state)
-            peak = static_layer_loads(m[layer], sent[:, layer], gpus, rng).max()
-            if best is None or peak < best[0]:
-                best = (peak, rng.getstate(), m[layer])
-        chosen[layer] = best[2]
-        rng.setstate(best[1])
+            tried.append((static_layer_loads(m[layer], sent[:, layer], gpus, rng).max(), rng.getstate()))
+        pick = min(range(len(candidates)), key=lambda i: (tried[i][0], i))
+        chosen[layer] = candidates[pick][layer]
+        rng.setstate(tried[pick][1])
     even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, published)]
     even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, published)
     finalists = (chosen, even_optimised, published)
-    means = [_mean_imbalance(dispatch_loads("static", m, flow, gpus, True)) for m in finalists]
+    means = [_mean_imbalance(known_loads("static", m, flow, gpus, True)) for m in finalists]
     return finalists[int(np.argmin(means))]
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from .evaluate import gpu_loads
 
-__all__ = ["DISPATCH", "Routing", "dispatch_loads", "routing", "source_counts", "static_layer", "static_layer_loads",
+__all__ = ["DISPATCH", "Routing", "dispatch_loads", "known_loads", "routing", "source_counts", "static_layer", "static_layer_loads",
            "static_slots", "trtllm_block"]
 
 DISPATCH = ("even", "static", "round-robin")
@@ -153,6 +153,15 @@ def dispatch_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int,
             return None
         return _static_loads(phy2log, flow, gpus)
     return _round_robin_loads(phy2log, flow, gpus)
+
+
+def known_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool = False) -> np.ndarray:
+    """``dispatch_loads`` where the loads must be known; raises ``ValueError`` for static without
+    per-rank counts and without ``assume_even``."""
+    loads = dispatch_loads(model, phy2log, flow, gpus, assume_even)
+    if loads is None:
+        raise ValueError(STATIC_UNKNOWN)
+    return loads
 
 
 def _static_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndarray:

@@ -164,8 +164,9 @@ def _fit_flow(capture: Capture, parts: Split) -> Routing:
     """The in-sample routing of one capture: its fit counts and, with a trace, the fit passes."""
     if capture.trace is None:
         return routing([parts.fit])
-    masks = parts.fit_masks or [slice(None)] * capture.num_layers
-    return routing([parts.fit], [[ids[m] for ids, m in zip(capture.trace, masks)]])
+    if parts.fit_masks is None:
+        return routing([parts.fit], [capture.trace])
+    return routing([parts.fit], [[ids[m] for ids, m in zip(capture.trace, parts.fit_masks)]])
 
 
 def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool) -> list[dict[str, Optional[float]]]:

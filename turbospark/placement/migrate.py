@@ -164,8 +164,8 @@ def _local_search(row: np.ndarray, weight: np.ndarray, gpus: int, budget: int) -
             row[s] = y
             fixed[s] = True
         else:
-            s, t = change
-            row[s], row[t] = row[t], row[s]
-            fixed[s] = fixed[t] = True
+            s, other = change
+            row[s], row[other] = row[other], row[s]
+            fixed[s] = fixed[other] = True
         budget -= cost
     return row
