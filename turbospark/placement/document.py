@@ -33,6 +33,8 @@ ranks' loads were obtained (measured or assumed), ``dispatch.source_ranks``
 the number of per-rank captures (1: one capture). ``before`` and ``after``
 are the even model.
 
+``inputs.capture`` is the list of files when several per-rank captures were given.
+
 With ``--from`` (a current placement): ``inputs`` adds ``from``,
 ``max_moves`` (null: unbounded) and ``expert_bytes``; each layer adds
 ``moved_slots`` (slots whose expert changes), ``moved_bytes`` (times
