@@ -24,7 +24,9 @@ token; the GPU loads, and so the imbalance, depend on that choice:
   (``offset_by_ep_rank=use_dp``): a rank's (token, k) ids, flattened in pass
   order, are cut into blocks of 1,024 ids (256 threads x 4); in block b the
   j-th occurrence (0-based, in order) of expert e goes to its replica
-  ``(j + b + g) mod r``, replicas in ascending slot order, g the source rank
+  ``(j + b + g) mod r``, replicas in ascending global slot order (as
+  ``cpp/tensorrt_llm/runtime/moeLoadBalancer/moeLoadBalancer.cpp`` fills
+  ``globalSlotIds``), g the source rank
   (0 without attention DP: one capture). A layer's passes are taken as one
   kernel call. From counts alone (no trace) each rank's n tokens of e are one
   block: replica q receives ``ceil((n - (q - g) mod r) / r)`` of them.
