@@ -15,8 +15,9 @@ nodes and groups:
 
 Dispatch models (``turbospark.placement.dispatch``): mean imbalance under
 even, static (SGLang) and round-robin (TensorRT-LLM) for the trivial map,
-the published EPLB, turbospark optimised for even, and turbospark optimised
-for the model itself, on
+the published EPLB, turbospark optimised for even, turbospark optimised for
+static (what that placement costs under the other two models) and
+turbospark optimised for each model in turn, on
 
 * skewed synthetic per-rank counts: 61 layers x 256 experts on 36 source
   ranks, each rank's popularity the shared Zipf(1.0) one times its own
@@ -121,25 +122,22 @@ def demo_ranks(trace: list[np.ndarray], ranks: int = 8) -> Routing:
 
 
 def dispatch_quality(name: str, flow: Routing, gpus: int, slots: int) -> None:
-    """Mean imbalance per dispatch model for trivial, published, ours (even), ours (that model)."""
+    """Mean imbalance per dispatch model for trivial, published, ours (even), ours (static), and
+    ours optimised for each model in turn, as ratios to the published EPLB under the same model."""
     total = flow.total
     layers, experts = total.shape
     ref, _, _ = published_eplb.rebalance_experts(total, slots, 1, 1, gpus)
-    maps = {"trivial": trivial_map(layers, experts, slots), "published EPLB": ref,
-            "ours, even-optimised": place(total, gpus, slots, flow=flow).phy2log}
+    own = {model: place(total, gpus, slots, dispatch=model, flow=flow).phy2log for model in DISPATCH}
+    published = {model: mean_of(dispatch_loads(model, ref, flow, gpus)) for model in DISPATCH}
+    rows = {"trivial": dict.fromkeys(DISPATCH, trivial_map(layers, experts, slots)),
+            "published EPLB": dict.fromkeys(DISPATCH, ref),
+            "ours, even-optimised": dict.fromkeys(DISPATCH, own["even"]),
+            "ours, static-optimised": dict.fromkeys(DISPATCH, own["static"]),
+            "ours, optimised for each": own}
     print(f"  {name}: mean imbalance per dispatch model (ratio to published EPLB)")
-    for label, phy2log in maps.items():
-        cells = []
-        for model in DISPATCH:
-            value = mean_of(dispatch_loads(model, phy2log, flow, gpus))
-            cells.append(f"{model} {value:.4f} ({value / mean_of(dispatch_loads(model, ref, flow, gpus)):.2f}x)")
-        print(f"    {label:<26} " + ", ".join(cells))
-    cells = []
-    for model in DISPATCH:
-        own = place(total, gpus, slots, dispatch=model, flow=flow).phy2log
-        value = mean_of(dispatch_loads(model, own, flow, gpus))
-        cells.append(f"{model} {value:.4f} ({value / mean_of(dispatch_loads(model, ref, flow, gpus)):.2f}x)")
-    print(f"    {'ours, optimised for each':<26} " + ", ".join(cells))
+    for label, maps in rows.items():
+        values = {model: mean_of(dispatch_loads(model, maps[model], flow, gpus)) for model in DISPATCH}
+        print(f"    {label:<26} " + ", ".join(f"{m} {v:.4f} ({v / published[m]:.2f}x)" for m, v in values.items()))
 
 
 def mean_of(loads: np.ndarray) -> float:

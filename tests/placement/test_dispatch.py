@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import random
 import re
 from pathlib import Path
 
@@ -16,8 +17,8 @@ from hypothesis import strategies as st
 
 from turbospark.cli import main
 from turbospark.placement import place
-from turbospark.placement.dispatch import DISPATCH, dispatch_loads, routing, static_slots
-from turbospark.placement._static import divisor_placement
+from turbospark.placement.dispatch import SGLANG_SEED, DISPATCH, dispatch_loads, routing, static_layer_loads, static_slots
+from turbospark.placement._static import _Layer, divisor_placement, static_search
 from turbospark.placement.evaluate import imbalance, replica_counts
 
 from placement_helpers import traced, write_capture
@@ -168,3 +169,34 @@ def test_divisor_shape_makes_static_equal_even(seed: int, shape: tuple[int, int,
     flow = routing([counts])
     np.testing.assert_allclose(dispatch_loads("static", layout, flow, gpus, assume_even=True),
                                dispatch_loads("even", layout, flow, gpus), rtol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31))
+def test_static_search_scores_swaps_as_sglang_draws(seed: int) -> None:
+    # The incremental scoring (only the two swapped experts drawn again) agrees with drawing the
+    # whole layer again, loads and the generator state left after it.
+    rng = np.random.default_rng(seed)
+    gpus, experts, slots = 4, 8, 16
+    counts = rng.poisson(30, size=(gpus, experts)).astype(np.float64)
+    row = place(counts.sum(axis=0, keepdims=True), gpus, slots).phy2log[0]
+    start = random.Random(SGLANG_SEED).getstate()
+    layer = _Layer(row, counts, gpus, start)
+    for _ in range(10):
+        s, t = (int(v) for v in rng.integers(0, slots, size=2))
+        trial = layer.swapped(s, t)
+        again = random.Random()
+        again.setstate(start)
+        assert np.allclose(trial.loads, static_layer_loads(trial.row, counts, gpus, again), rtol=1e-12)
+        assert trial.end == again.getstate()
+        layer = trial
+    searched = random.Random()
+    searched.setstate(start)
+    better = static_search(row, counts, gpus, searched)
+    check = random.Random()
+    check.setstate(start)
+    before = static_layer_loads(row, counts, gpus, check).max()
+    check.setstate(start)
+    assert static_layer_loads(better, counts, gpus, check).max() <= before
+    assert check.getstate() == searched.getstate()
+    assert np.array_equal(np.bincount(better, minlength=experts), np.bincount(row, minlength=experts))

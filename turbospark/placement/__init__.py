@@ -10,7 +10,8 @@ the chosen dispatch model (``turbospark.placement.dispatch``: even, static or
 round-robin): never worse than the published algorithm under that model,
 better where its greedy leaves room. For static dispatch two more candidates
 join (without groups): replica counts that divide G on distinct GPUs
-(``_static``), as packed and as refined; SGLang's shared random generator
+(``_static``), as packed and as refined, and the chosen map is improved by
+slot swaps scored exactly under static dispatch; SGLang's shared random generator
 couples the layers, so there the choice runs layer by layer and the
 guarantee (against the published map and the even-optimised one, both
 under static) is on the mean imbalance over layers.
@@ -30,7 +31,7 @@ import numpy as np
 
 from ._greedy import eplb
 from ._refine import refine
-from ._static import divisor_placement
+from ._static import divisor_placement, static_search
 from .dispatch import SGLANG_SEED, DISPATCH, Routing, known_loads, routing, source_counts, static_layer_loads
 from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
 
@@ -138,8 +139,9 @@ def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int) -> np
     """Under static dispatch SGLang's one generator runs through the layers, so a layer's fallback
     draws depend on the maps before it: choose layer by layer among ``candidates`` (the refined
     map, the published one, then any others) whichever has the lightest busiest GPU from the
-    generator state the earlier choices leave (the first on ties), then keep whichever of that
-    map, the even-optimised one and the published one has the lowest mean imbalance."""
+    generator state the earlier choices leave (the first on ties), improve it by exactly scored
+    swaps (``static_search``), then keep whichever of that map, the even-optimised one and the
+    published one has the lowest mean imbalance."""
     refined, published = candidates[0], candidates[1]
     sent = source_counts(flow, gpus)
     rng = random.Random(SGLANG_SEED)
@@ -151,8 +153,8 @@ def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int) -> np
             rng.setstate(state)
             tried.append((static_layer_loads(m[layer], sent[:, layer], gpus, rng).max(), rng.getstate()))
         pick = min(range(len(candidates)), key=lambda i: (tried[i][0], i))
-        chosen[layer] = candidates[pick][layer]
-        rng.setstate(tried[pick][1])
+        rng.setstate(state)
+        chosen[layer] = static_search(candidates[pick][layer], sent[:, layer], gpus, rng)
     even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, published)]
     even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, published)
     finalists = (chosen, even_optimised, published)

@@ -24,9 +24,14 @@ only which ranks a replica serves.
 
 from __future__ import annotations
 
+import random
+from typing import Optional
+
 import numpy as np
 
-__all__ = ["divisor_placement"]
+from .dispatch import _fair_choices
+
+__all__ = ["divisor_placement", "static_search"]
 
 
 def divisor_placement(weight: np.ndarray, slots: int, gpus: int) -> np.ndarray:
@@ -65,3 +70,101 @@ def _layer(weight: np.ndarray, slots: int, gpus: int) -> np.ndarray:
         filled[g].append(e)
         load[g] += share
     return np.array([e for gpu in filled for e in gpu], dtype=np.int64)
+
+
+def static_search(row: np.ndarray, sent: np.ndarray, gpus: int, rng: random.Random,
+                  rounds: int = 16, width: int = 32) -> np.ndarray:
+    """Improve one layer's (S,) map for static dispatch by slot swaps between GPUs, judged exactly.
+
+    ``sent`` (G source, E) tokens; ``rng`` holds SGLang's generator state at this layer and is left
+    where SGLang's would be after the returned row. Per round: the ``width`` swaps between the
+    busiest GPU and another that look best by the even model's shares are scored exactly under
+    static dispatch, and the best that lowers the busiest GPU is made; it stops after ``rounds``
+    or when none does. A swap that keeps, for both experts, the number of GPUs holding them keeps
+    every draw of the generator (their count depends only on each expert's replica and
+    missing-rank counts), so only the two experts' choices are drawn again from their recorded
+    states; any other swap is scored by drawing the whole layer again.
+    """
+    start = rng.getstate()
+    per_gpu = row.shape[0] // gpus
+    gpu_of = np.arange(row.shape[0]) // per_gpu
+    best_row = row.copy()
+    view = _Layer(best_row, sent, gpus, start)
+    for _ in range(rounds):
+        a = int(np.argmax(view.loads))
+        top = view.loads[a]
+        replicas = np.bincount(best_row, minlength=sent.shape[1])
+        share = sent.sum(axis=0)[best_row] / replicas[best_row]
+        mine = np.flatnonzero(gpu_of == a)
+        others = np.flatnonzero(gpu_of != a)
+        d = share[mine][:, None] - share[others][None, :]
+        guess = np.maximum(top - d, view.loads[gpu_of[others]][None, :] + d)
+        guess[best_row[mine][:, None] == best_row[others][None, :]] = np.inf
+        found = None
+        for flat in np.argsort(guess, axis=None, kind="stable")[:width].tolist():
+            i, j = divmod(flat, others.size)
+            if not np.isfinite(guess[i, j]):
+                break
+            trial = view.swapped(int(mine[i]), int(others[j]))
+            if trial.loads.max() < top * (1 - _MIN_GAIN) and (found is None or trial.loads.max() < found.loads.max()):
+                found = trial
+        if found is None:
+            break
+        view = found
+        best_row = view.row
+    rng.setstate(view.end)
+    return best_row
+
+
+_MIN_GAIN = 1e-12  # a swap must lower the busiest GPU by more than this share of it
+
+
+class _Layer:
+    """One layer's static dispatch: the map, the generator state before each expert's draws,
+    the (G, E) target GPUs, the GPU loads, and the generator state after the layer. With
+    ``base`` (the same layer before a swap of the ``changed`` experts) and unchanged missing-rank
+    counts for those, only their draws are made again; otherwise the whole layer is drawn."""
+
+    def __init__(self, row: np.ndarray, sent: np.ndarray, gpus: int, start: object,
+                 base: Optional["_Layer"] = None, changed: tuple[int, ...] = ()) -> None:
+        self.row, self.sent, self.gpus, self.start = row, sent, gpus, start
+        experts, slots = sent.shape[1], row.shape[0]
+        self.per_gpu = slots // gpus
+        self.local = np.full((gpus, experts), slots, dtype=np.int64)
+        np.minimum.at(self.local, (np.arange(slots) // self.per_gpu, row), np.arange(slots))
+        self.missing = (self.local == slots).sum(axis=0)
+        rng = random.Random()
+        if base is not None and all(self.missing[e] == base.missing[e] for e in changed):
+            self.states, self.end = base.states, base.end
+            self.target, self.loads = base.target.copy(), base.loads.copy()
+            for e in changed:
+                self.loads -= self._column_loads(e)
+                rng.setstate(self.states[e])
+                self.target[:, e] = self._draw(e, rng)
+                self.loads += self._column_loads(e)
+            return
+        rng.setstate(start)
+        self.states: list[object] = []
+        self.target = np.empty((gpus, experts), dtype=np.int64)
+        for e in range(experts):
+            self.states.append(rng.getstate())
+            self.target[:, e] = self._draw(e, rng)
+        self.end = rng.getstate()
+        self.loads = sum((self._column_loads(e) for e in range(experts)), np.zeros(gpus))
+
+    def _draw(self, expert: int, rng: random.Random) -> np.ndarray:
+        """``expert``'s target GPU per source rank: its lowest local slot, else SGLang's fair choice."""
+        column = self.local[:, expert].copy()
+        lacking = np.flatnonzero(column == self.row.shape[0])
+        if lacking.size:
+            column[lacking] = _fair_choices(np.flatnonzero(self.row == expert).tolist(), int(lacking.size), rng)
+        return column // self.per_gpu
+
+    def _column_loads(self, expert: int) -> np.ndarray:
+        return np.bincount(self.target[:, expert], weights=self.sent[:, expert], minlength=self.gpus)
+
+    def swapped(self, s: int, t: int) -> "_Layer":
+        """This layer with slots ``s`` and ``t`` exchanged, scored exactly."""
+        row = self.row.copy()
+        row[s], row[t] = row[t], row[s]
+        return _Layer(row, self.sent, self.gpus, self.start, self, (int(self.row[s]), int(self.row[t])))
