@@ -25,7 +25,7 @@ only which ranks a replica serves.
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -125,7 +125,12 @@ class _Layer:
     ``base`` (the same layer before a swap of the ``changed`` experts) and unchanged missing-rank
     counts for those, only their draws are made again; otherwise the whole layer is drawn."""
 
-    def __init__(self, row: np.ndarray, sent: np.ndarray, gpus: int, start: object,
+    states: list[tuple[Any, ...]]
+    end: tuple[Any, ...]
+    target: np.ndarray
+    loads: np.ndarray
+
+    def __init__(self, row: np.ndarray, sent: np.ndarray, gpus: int, start: tuple[Any, ...],
                  base: Optional["_Layer"] = None, changed: tuple[int, ...] = ()) -> None:
         self.row, self.sent, self.gpus, self.start = row, sent, gpus, start
         experts, slots = sent.shape[1], row.shape[0]
@@ -144,7 +149,7 @@ class _Layer:
                 self.loads += self._column_loads(e)
             return
         rng.setstate(start)
-        self.states: list[object] = []
+        self.states = []
         self.target = np.empty((gpus, experts), dtype=np.int64)
         for e in range(experts):
             self.states.append(rng.getstate())
