@@ -13,11 +13,16 @@ from turbospark.placement.formats import parse_trtllm, read_placement
 from turbospark.placement.samples import batch_counts
 
 from placement_helpers import traced, write_capture
+from turbospark.placement.dispatch import STATIC_UNKNOWN
 
 # Layer 0 routes like test_global_with_replicas_by_hand (counts 1, 9, 4, 4), top-2;
 # layer 1 never routes.
 PASSES = [[1, 0], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3]]
 DOC = traced(4, 2, [PASSES, []])
+DISPATCH_LINES = ("  in sample by dispatch model (trivial -> placed; optimised for even): even 0.000 -> 0.000, "
+                  "static - -> -, round-robin 0.111 -> 0.000\n"
+                  f"  static dispatch: {STATIC_UNKNOWN}\n")
+IDLE_LINE = "  1 MoE layers without passes (1): the trivial placement (slot s holds expert s mod E)\n"
 
 
 def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -27,9 +32,10 @@ def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
     doc = json.loads(out.read_text())
     assert doc["inputs"] == {"capture": path, "num_layers": 2, "num_experts": 4, "top_k": 2, "gpus": 2,
                              "slots": 6, "nodes": 1, "groups": None, "fit": None, "batch": None, "batches": None}
-    assert doc["physical_to_logical_map"] == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 0]]
-    # Layer 1 has no load: the published replication gives every spare slot to expert 0 (first maximum).
-    assert doc["replica_counts"] == [[1, 3, 1, 1], [3, 1, 1, 1]]
+    assert doc["physical_to_logical_map"] == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]]
+    # Layer 1 has no load: the trivial placement (the published replication would give every
+    # spare slot to expert 0, its first maximum).
+    assert doc["replica_counts"] == [[1, 3, 1, 1], [2, 2, 1, 1]]
     layer = doc["layers"][0]
     # Trivial map 0 1 2 | 3 0 1: expert 0 and 1 have two replicas: 0.5 + 4.5 + 4 | 4 + 0.5 + 4.5.
     assert layer["before"]["in_sample"] == {"imbalance": 0.0, "balancedness": 1.0, "max_load": 9.0, "mean_load": 9.0}
@@ -37,12 +43,20 @@ def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
     assert layer["published_max_load"] == 10.0
     assert layer["after"]["out_of_sample"] is None and layer["fit_passes"] == 9 and layer["test_passes"] is None
     assert doc["layers"][1]["after"]["in_sample"]["imbalance"] is None
+    # Round-robin (one block, offset 0): expert 1's 9 tokens go 5 to slot 1 and 4 to slot 5 of the
+    # trivial map, GPU loads 1 + 5 + 4 | 4 + 4 = 10 | 8; the placement holds all three copies on GPU 0.
+    assert layer["imbalance"] == {"even": 0.0, "static": None, "round-robin": 0.0}
+    assert layer["trivial_imbalance"] == {"even": 0.0, "static": None, "round-robin": 1 / 9}
+    assert doc["layers"][1]["imbalance"] == {"even": None, "static": None, "round-robin": None}
+    assert doc["dispatch"] == {"model": "even", "source_ranks": 1, "static": None, "why": STATIC_UNKNOWN}
     assert doc["summary"] == {"routed_layers": 1,
                               "before": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
-                              "after": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None}}
+                              "after": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
+                              "imbalance": {"even": 0.0, "static": None, "round-robin": 0.0},
+                              "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}}
     assert capfd.readouterr().out == (
         "placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 routed layers:\n"
-        "  in sample: 0.000 trivial -> 0.000 placed\n"
+        "  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES + IDLE_LINE +
         f"wrote {out} (json)\n")
 
 
@@ -50,22 +64,21 @@ def test_sglang_and_trtllm_formats_exact_and_parsed_back(tmp_path: Path, capfd: 
     path = write_capture(tmp_path / "c.json", DOC)
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
     captured = capfd.readouterr()
-    assert captured.out == '{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n'
+    assert captured.out == '{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n'
     assert captured.err.startswith("placement: 2 layers x 4 experts")
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "trtllm"]) == 0
     text = capfd.readouterr().out
-    # Only the routed layer 0, keyed by its index.
-    assert text == ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\n"
+    # Every MoE layer, keyed by its index; layer 1 (no passes) holds the trivial placement.
+    assert text == ("initial_global_assignments:\n  0: [1, 1, 1, 3, 2, 0]\n  1: [0, 1, 2, 3, 0, 1]\n"
                     "layer_updates_per_iter: 0\nnum_slots: 6\n")
-    assert parse_trtllm(text) == ({0: [1, 1, 1, 3, 2, 0]}, 6)
+    assert parse_trtllm(text) == ({0: [1, 1, 1, 3, 2, 0], 1: [0, 1, 2, 3, 0, 1]}, 6)
     phy2log, gpus = read_placement(text, 2, 4, 2)
-    # A layer the YAML leaves out gets the trivial map.
     assert phy2log.tolist() == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]] and gpus == 2
     try:
         import yaml  # only when already installed: the format must be plain YAML
     except ImportError:
         return
-    assert yaml.safe_load(text) == {"initial_global_assignments": {0: [1, 1, 1, 3, 2, 0]},
+    assert yaml.safe_load(text) == {"initial_global_assignments": {0: [1, 1, 1, 3, 2, 0], 1: [0, 1, 2, 3, 0, 1]},
                                     "layer_updates_per_iter": 0, "num_slots": 6}
 
 
@@ -185,18 +198,23 @@ def test_on_a_terminal_without_o_only_the_summary_is_printed(tmp_path: Path, cap
 
     path = write_capture(tmp_path / "c.json", DOC)
     summary = ("placement: 2 layers x 4 experts on 6 slots, 2 GPUs; mean imbalance (max - mean) / mean over 1 "
-               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n")
+               "routed layers:\n  in sample: 0.000 trivial -> 0.000 placed\n" + DISPATCH_LINES + IDLE_LINE)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert main(["place", path, "--gpus", "2", "--slots", "6"]) == 0
     assert capfd.readouterr() == (
         summary + "placement not written (json): give -o FILE to save it, or -o - to print it here\n", "")
+    # Beside an SGLang file printed to stdout, the flags name a FILE.json to save it as.
+    flags = ("SGLang: --ep-size 2 --ep-num-redundant-experts 2 --init-expert-location FILE.json "
+             "(6 slots = 4 experts + 2 redundant; 2 MoE rows)\n"
+             "  SGLang's dispatch: static (the default with DeepEP) gives imbalance unknown (no per-rank captures), "
+             "--ep-dispatch-algorithm dynamic about 0.000 (optimised for even)\n")
     # -o - prints the document even on a terminal; the summary goes to stderr.
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "-o", "-"]) == 0
-    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n', summary + flags)
     # Not a terminal (a pipe, a redirect): the document on stdout, the summary on stderr, as before.
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang"]) == 0
-    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,0]]}\n', summary)
+    assert capfd.readouterr() == ('{"physical_to_logical_map":[[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n', summary + flags)
 
 
 def test_bad_fraction_is_an_argument_error(capfd: pytest.CaptureFixture[str]) -> None:
@@ -215,13 +233,34 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
                                       "how many GPUs it is for: give --gpus\n")
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--json"]) == 0
     doc = json.loads(capfd.readouterr().out)
-    assert doc["placement"] == {"file": str(placement), "gpus": 2, "slots": 6, "layers": [
-        {"layer": 0, "imbalance": 1 / 9, "balancedness": 0.9, "max_load": 10.0, "mean_load": 9.0},
-        {"layer": 1, "imbalance": None, "balancedness": None, "max_load": 0.0, "mean_load": 0.0}]}
+    # Slots 2 1 1 | 3 1 0: expert 1 has a copy on each of slots 1, 2, 4; even and round-robin
+    # (9 ids of expert 1 in one block: 3 per copy) both give 4 + 3 + 3 | 4 + 3 + 1 = 10 | 8.
+    none = {"even": None, "static": None, "round-robin": None}
+    assert doc["placement"] == {
+        "file": str(placement), "gpus": 2, "slots": 6, "dispatch": "even", "source_ranks": 1, "static": None,
+        "why": STATIC_UNKNOWN, "layers": [
+            {"layer": 0, "imbalance": {"even": 1 / 9, "static": None, "round-robin": 1 / 9}, "balancedness": 0.9,
+             "max_load": 10.0, "mean_load": 9.0, "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}},
+            {"layer": 1, "imbalance": none, "balancedness": None, "max_load": 0.0, "mean_load": 0.0,
+             "trivial_imbalance": none}],
+        "mean_imbalance": {"even": 1 / 9, "static": None, "round-robin": 1 / 9},
+        "mean_trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}}
+    # Static under the even-spread assumption (4.5 + 2 + 0.5 + 2 tokens from each rank): rank 0 has
+    # no copy of experts 0 and 3 (slots 5, 3), rank 1 none of expert 2 (slot 0): 8.5 | 9.5, 1/18;
+    # the trivial map 0 1 2 | 3 0 1 keeps every token local but expert 3's from rank 0 and
+    # expert 2's from rank 1: 9 | 9.
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--json", "--dispatch", "static"]) == 0
+    doc = json.loads(capfd.readouterr().out)["placement"]
+    assert doc["layers"][0]["imbalance"] == {"even": 1 / 9, "static": 1 / 18, "round-robin": 1 / 9}
+    assert doc["layers"][0]["trivial_imbalance"] == {"even": 0.0, "static": 0.0, "round-robin": 1 / 9}
+    assert (doc["dispatch"], doc["static"], doc["why"]) == (
+        "static", "assumed: each expert's tokens spread evenly over the 2 source ranks (one capture)", None)
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 0
     lines = capfd.readouterr().out.splitlines()
-    assert lines[-4:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
-                          "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111"]
+    assert lines[-6:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
+                          "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111",
+                          "  in sample by dispatch model (mean, trivial -> this file): even 0.000 -> 0.111, "
+                          "static - -> -, round-robin 0.111 -> 0.111", f"  static dispatch: {STATIC_UNKNOWN}"]
     placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,1],[0,1,2,3,0,1]]}')
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: {placement}: expert 0 of layer 0 has no slot in the placement\n"
@@ -234,15 +273,20 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
          "line 4 is not part of a TensorRT-LLM EPLB file: 'bogus: 1'"),
         ("initial_global_assignments:\n  0: [1, 1, 1, 3]\nnum_slots: 6\n", "layer 0 lists 4 experts, not num_slots=6"),
         ("initial_global_assignments:\n  5: [1, 1, 1, 3, 2, 0]\nnum_slots: 6\n",
-         "layer 5 of the placement is not below num_layers=2"),
-        ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 layers, the capture 2"),
+         "layer 5 of the placement is outside the capture's 2 MoE layers (decoder layers 0..1)"),
+        ('{"physical_to_logical_map":[[0,1,2,3]]}', "the placement has 1 rows, the capture 2 MoE layers"),
+        # A MoE layer missing from the YAML: TensorRT-LLM's build would stop on it.
+        ("initial_global_assignments:\n  0: [1, 1, 1, 3]\nnum_slots: 4\n",
+         "the placement has no row for layer 1 (1 of the capture's 2 MoE layers missing): "
+         "TensorRT-LLM's build fails with KeyError on it"),
+        ('{"physical_to_logical_map":[[0,1],[0,1]]}', "the placement has 2 slots per layer, fewer than the capture's 4 experts"),
         ('{"physical_to_logical_map":[[0,1,2,9],[0,1,2,3]]}', "the placement holds expert id 9, outside 0..3"),
         ('{"physical_to_logical_map":[[0,1,2,3.5],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found 3.5"),
         ('{"physical_to_logical_map":[[0,1,2,3,0,1],[0,1,2,3,0,1]]}', "6 slots do not divide over 4 GPUs"),
         # Ids beyond int64 name themselves (once an OverflowError traceback, exit 1).
         ('{"physical_to_logical_map":[[0,1,2,99999999999999999999],[0,1,2,3]]}',
          "the placement holds expert id 99999999999999999999, outside 0..3"),
-        ("initial_global_assignments:\n  0: [0, 1, 2, 99999999999999999999]\nnum_slots: 4\n",
+        ("initial_global_assignments:\n  0: [0, 1, 2, 99999999999999999999]\n  1: [0, 1, 2, 3]\nnum_slots: 4\n",
          "the placement holds expert id 99999999999999999999, outside 0..3"),
         ('{"physical_to_logical_map":[[0,1,null,3],[0,1,2,3]]}', "physical_to_logical_map must hold integers only, found None"),
         # Empty rows (once numpy's "zero-size array to reduction operation minimum which has no identity").
@@ -288,3 +332,53 @@ def test_malformed_sequence_keys_exit_2(tmp_path: Path, capfd: pytest.CaptureFix
     path = write_capture(tmp_path / "c.json", doc)
     assert main(["place", path, "--gpus", "2", "--batch", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: cannot read {path}: seq[0] has 2 entries, expected one per pass of the layer (9)\n"
+
+
+def test_geometry_refusals_name_both_sides(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "p.json"
+    # An 8-GPU file under 2 GPUs (SGLang would load it under --ep-size 16 without a word).
+    placement.write_text('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":{"gpus":4}}')
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
+    assert capfd.readouterr().err == (f"turbospark: {placement}: the placement was made for 4 GPUs "
+                                      "(its inputs.gpus), not --gpus 2\n")
+    # Rows for 3 dense layers first: --first-moe-layer 3 drops them, without it the count is refused.
+    placement.write_text('{"physical_to_logical_map":' + json.dumps([[0, 1, 2, 3]] * 5) + "}")
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--first-moe-layer", "2"]) == 2
+    assert capfd.readouterr().err == (f"turbospark: {placement}: the placement has 5 rows, the capture 2 "
+                                      "MoE layers after 2 dense layers (--first-moe-layer)\n")
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2", "--first-moe-layer", "3",
+                 "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["placement"]["slots"] == 4
+
+
+def test_files_for_the_engines_say_what_they_need(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    yaml_path, json_path = tmp_path / "eplb.yaml", tmp_path / "sglang.json"
+    # Layer 1 has no passes: it still gets a row (the trivial placement), keyed by decoder layer 3 + 1.
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "trtllm", "--first-moe-layer", "3",
+                 "-o", str(yaml_path)]) == 0
+    assert yaml_path.read_text() == ("initial_global_assignments:\n  3: [1, 1, 1, 3, 2, 0]\n  4: [0, 1, 2, 3, 0, 1]\n"
+                                     "layer_updates_per_iter: 0\nnum_slots: 6\n")
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        "  1 MoE layers without passes (1): the trivial placement (slot s holds expert s mod E)",
+        f"TensorRT-LLM: moe_config: {{load_balancer: {yaml_path}}} with enable_attention_dp: true, --ep 2 "
+        "(6 slots = 4 experts + 2 redundant; keys are decoder layers 3..4)",
+        f"wrote {yaml_path} (trtllm)"]
+    assert read_placement(yaml_path.read_text(), 2, 4, 2, 3)[0].tolist() == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]]
+    assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "--first-moe-layer", "1",
+                 "-o", str(json_path)]) == 0
+    assert json_path.read_text() == '{"physical_to_logical_map":[[0,1,2,3,0,1],[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n'
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        f"SGLang: --ep-size 2 --ep-num-redundant-experts 2 --init-expert-location {json_path} "
+        "(6 slots = 4 experts + 2 redundant; 1 trivial rows for the dense layers, then 2 MoE rows)",
+        "  SGLang's dispatch: static (the default with DeepEP) gives imbalance unknown (no per-rank captures), "
+        "--ep-dispatch-algorithm dynamic about 0.000 (optimised for even)",
+        f"wrote {json_path} (sglang)"]
+    # SGLang parses an --init-expert-location not ending in .json as JSON text: refused before writing.
+    assert main(["place", path, "--gpus", "2", "--format", "sglang", "-o", str(tmp_path / "map.txt")]) == 2
+    assert capfd.readouterr().err == (f"turbospark: -o {tmp_path / 'map.txt'}: SGLang reads --init-expert-location "
+                                      "as a file only when its name ends in .json; name it like placement.json\n")
+    assert not (tmp_path / "map.txt").exists()

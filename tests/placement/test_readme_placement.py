@@ -61,3 +61,13 @@ def test_placement_example_runs_and_prints_what_the_readme_shows(tmp_path: Path,
     finally:
         os.chdir(cwd)
     assert namespace["doc"]["summary"]["routed_layers"] == 16  # type: ignore[index]
+
+
+def test_dispatch_example_runs_and_prints_what_the_readme_shows(tmp_path: Path, shell: dict[str, str]) -> None:
+    run(commands("placement-example")[0], shell, tmp_path)  # the demo capture
+    outputs = [run(line, shell, tmp_path).stdout for line in commands("placement-dispatch")]
+    assert outputs[0] == block("placement-dispatch-output")
+    rebalanced = json.loads((tmp_path / "rebalanced.json").read_text())
+    assert all(row["moved_slots"] <= 8 for row in rebalanced["layers"])
+    assert rebalanced["summary"]["moved_bytes"] == rebalanced["summary"]["moved_slots"] * 44040192
+    assert rebalanced["inputs"]["from"] == "static.json"

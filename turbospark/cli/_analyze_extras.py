@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..analysis.capture import Capture
-from ..placement.document import evaluate_map
-from ..placement.formats import read_placement
+from ..placement.dispatch import DISPATCH, Routing, routing
+from ..placement.document import by_dispatch, dispatch_inputs, dispatch_lines, evaluate_map, model_means
+from ..placement.evaluate import trivial_map
+from ..placement.formats import read_placement_file
 
 __all__ = ["Extras", "add_options", "extras"]
 
@@ -29,6 +31,13 @@ def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -
                         "(turbospark's JSON, SGLang's or TensorRT-LLM's file)")
     parser.add_argument("--gpus", type=positive, metavar="G",
                         help="GPUs of a --placement file that does not say (SGLang's, TensorRT-LLM's)")
+    parser.add_argument("--first-moe-layer", type=int, default=0, metavar="D",
+                        help="decoder-layer index of MoE layer 0 in a --placement file (SGLang's map then has "
+                        "D + L rows, TensorRT-LLM's keys run D..D+L-1; default 0)")
+    parser.add_argument("--dispatch", choices=DISPATCH,
+                        help="dispatch model of a --placement file's headline figures: even (default), static "
+                        "(SGLang's; one capture: tokens assumed spread evenly over the G source ranks) or "
+                        "round-robin (TensorRT-LLM's); --json gives all three either way")
     parser.add_argument("--holdout", type=fraction, metavar="F",
                         help="choose coverage sets on the first fraction F of each layer's passes "
                         "and report how they cover the rest (needs the trace); with sequence tags (seq), "
@@ -39,11 +48,15 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
     """The additions asked for by ``args``, or None. Raises ``ValueError`` naming the problem."""
     if args.gpus is not None and args.placement is None:
         raise ValueError("--gpus only applies to a --placement file")
+    if args.dispatch is not None and args.placement is None:
+        raise ValueError("--dispatch only applies to a --placement file")
+    if args.first_moe_layer < 0:
+        raise ValueError(f"--first-moe-layer must be 0 or more, got {args.first_moe_layer}")
     if args.placement is None and args.holdout is None:
         return None
     out = Extras()
     if args.placement is not None:
-        _placement(capture, args.placement, args.gpus, out)
+        _placement(capture, args.placement, args.gpus, args.dispatch or "even", args.first_moe_layer, out)
     if args.holdout is not None:
         from ..analysis.holdout import holdout, holdout_lines
 
@@ -53,20 +66,29 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
     return out
 
 
-def _placement(capture: Capture, path: str, gpus: Optional[int], out: Extras) -> None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        phy2log, gpus = read_placement(text, capture.num_layers, capture.num_experts, gpus)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+def whole_flow(capture: Capture) -> Routing:
+    """One capture's routing: its counts and trace, ranks unknown."""
+    return routing([capture.counts], None if capture.trace is None else [capture.trace])
+
+
+def _placement(capture: Capture, path: str, gpus: Optional[int], dispatch: str, first_layer: int,
+               out: Extras) -> None:
+    phy2log, gpus = read_placement_file(path, capture, gpus, first_layer)
     stats = evaluate_map(capture, phy2log, gpus)
+    flow = whole_flow(capture)
+    assume = dispatch == "static"
+    after = by_dispatch(phy2log, flow, gpus, assume)
+    before = by_dispatch(trivial_map(phy2log.shape[0], capture.num_experts, phy2log.shape[1]), flow, gpus, assume)
+    rows = [{"layer": layer, **row, "imbalance": a, "trivial_imbalance": b}
+            for layer, (row, a, b) in enumerate(zip(stats, after, before))]
+    routed = [row for row, total in zip(rows, capture.totals.tolist()) if total > 0]
+    info = dispatch_inputs(dispatch, flow, gpus, assume)
+    del info["model"]
     out.doc["placement"] = {
-        "file": path, "gpus": gpus, "slots": int(phy2log.shape[1]),
-        "layers": [{"layer": layer, **row} for layer, row in enumerate(stats)],
+        "file": path, "gpus": gpus, "slots": int(phy2log.shape[1]), "dispatch": dispatch, **info,
+        "layers": rows,
+        "mean_imbalance": model_means(routed, "imbalance"),
+        "mean_trivial_imbalance": model_means(routed, "trivial_imbalance"),
     }
     out.lines += ["", f"placement {path}: {phy2log.shape[1]} slots on {gpus} GPUs; "
                   "GPU load imbalance (max - mean) / mean and balancedness mean / max per layer:",
@@ -79,3 +101,6 @@ def _placement(capture: Capture, path: str, gpus: Optional[int], out: Extras) ->
     values = [row["imbalance"] for row in stats if row["imbalance"] is not None]
     if values:
         out.lines.append(f"mean imbalance over {len(values)} loaded layers: {sum(values) / len(values):.3f}")
+        doc = out.doc["placement"]
+        out.lines += dispatch_lines(info, doc["mean_trivial_imbalance"], doc["mean_imbalance"],
+                                    "mean, trivial -> this file")

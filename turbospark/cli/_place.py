@@ -6,14 +6,16 @@ import argparse
 import json
 import sys
 from fractions import Fraction
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from ._io import UsageError, emit, read_capture, run_guarded
 from ..analysis.capture_sequences import exact_fraction
+from ..analysis.capture import Capture
+from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
-from ..placement.formats import FORMATS, render
+from ..placement.formats import FORMATS, read_placement_file, render
 
 __all__ = ["add_commands", "draw_placement", "fraction"]
 
@@ -27,8 +29,15 @@ def add_commands(commands: Any, positive: Any) -> None:
         "(S - E replicas of the busiest experts), evaluate its load imbalance, and write it as "
         "turbospark's JSON, SGLang's --init-expert-location file or TensorRT-LLM's EPLB YAML.",
     )
-    cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    cmd.add_argument("capture", metavar="CAPTURE", nargs="+",
+                     help="capture JSON file; or G files, one per source rank (attention data parallelism: "
+                     "rank i = file i), for static and round-robin dispatch")
     cmd.add_argument("--gpus", type=positive, required=True, metavar="G", help="GPUs (expert-parallel ranks)")
+    cmd.add_argument("--dispatch", choices=DISPATCH, default="even",
+                     help="how the engine picks a replica, the model to optimise for (default even): even = "
+                     "1/r of the tokens per replica; static = SGLang's static dispatch (local replica first; "
+                     "with one capture, tokens assumed spread evenly over the G source ranks); round-robin = "
+                     "TensorRT-LLM's load balancer routing (see docs/placement.md)")
     cmd.add_argument("--slots", type=positive, metavar="S", help="physical expert slots per layer (default: E)")
     cmd.add_argument("--nodes", type=positive, default=1, metavar="N", help="nodes (default 1)")
     cmd.add_argument("--groups", type=positive, metavar="X",
@@ -39,7 +48,18 @@ def add_commands(commands: Any, positive: Any) -> None:
                      "of first appearance, whole, so both halves hold prompt and decode")
     cmd.add_argument("--batch", type=positive, metavar="B",
                      help="also report imbalance per serving batch of B passes (needs the trace)")
+    cmd.add_argument("--from", dest="current", metavar="CURRENT",
+                     help="the placement served now (any placement file): rebalance from it, moving few slots")
+    cmd.add_argument("--max-moves", type=int, metavar="M",
+                     help="with --from: move at most M slots per layer (default unbounded: the from-scratch "
+                     "placement, relabelled to move as few slots as its loads allow); 0 keeps the current one")
+    cmd.add_argument("--expert-bytes", type=positive, metavar="B",
+                     help="with --from: bytes of one expert's weights, to report the bytes moved")
     cmd.add_argument("--format", choices=FORMATS, default="json", help="output format (default json)")
+    cmd.add_argument("--first-moe-layer", type=int, default=0, metavar="D",
+                     help="decoder-layer index of the capture's MoE layer 0, for models whose first D layers "
+                     "are dense (DeepSeek-V3: 3): SGLang's map gets D trivial rows first, TensorRT-LLM's keys "
+                     "run D..D+L-1 (default 0)")
     cmd.add_argument("-o", "--output", metavar="FILE",
                      help="file to write, - for stdout (default: stdout when it is not a terminal; "
                      "on a terminal only the summary is printed)")
@@ -67,26 +87,93 @@ def fraction(text: str) -> Fraction:
     return value
 
 
+def read_ranks(paths: list[str], gpus: int) -> tuple[Capture, Any, Optional[Routing]]:
+    """One capture (its sequences, no routing), or G per-rank captures: their summed counts as one
+    capture, no sequences, and their ``Routing`` (rank i = file i). Raises ``UsageError``
+    naming the files when there are not G of them or their geometry differs."""
+    if len(paths) == 1:
+        capture, seqs = read_capture(paths[0], with_sequences=True)
+        return capture, seqs, None
+    if len(paths) != gpus:
+        raise UsageError(f"{len(paths)} per-rank captures for --gpus {gpus}: give one capture, "
+                         f"or one per source rank ({gpus})")
+    captures = [read_capture(path)[0] for path in paths]
+    first = captures[0]
+    for path, capture in zip(paths[1:], captures[1:]):
+        if capture.header != first.header:
+            raise UsageError(f"{path} ({_geometry(capture)}) does not fit {paths[0]} ({_geometry(first)})")
+    traces = [c.trace for c in captures if c.trace is not None]
+    flow = routing([c.counts for c in captures], traces if len(traces) == len(captures) else None)
+    total = Capture(first.num_layers, first.num_experts, first.top_k, flow.counts.sum(axis=0))
+    return total, None, flow
+
+
+def _geometry(capture: Capture) -> str:
+    return f"{capture.num_layers} layers x {capture.num_experts} experts, top-{capture.top_k}"
+
+
 def _run_place(args: argparse.Namespace) -> int:
-    capture, seqs = read_capture(args.capture, with_sequences=True)
+    if args.first_moe_layer < 0:
+        raise UsageError(f"--first-moe-layer must be 0 or more, got {args.first_moe_layer}")
+    if args.format == "sglang" and args.output not in (None, "-") and not args.output.endswith(".json"):
+        # SGLang parses an --init-expert-location that does not end in .json (or .pt) as JSON text.
+        raise UsageError(f"-o {args.output}: SGLang reads --init-expert-location as a file only when "
+                         "its name ends in .json; name it like placement.json")
+    capture, seqs, flow = read_ranks(args.capture, args.gpus)
+    source = args.capture[0] if len(args.capture) == 1 else args.capture
+    current = None
+    if args.current is not None:
+        current = read_placement_file(args.current, capture, args.gpus, args.first_moe_layer)[0]
     doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
-                           source=args.capture)
-    routed = [layer for layer, total in enumerate(capture.totals.tolist()) if total > 0]
+                           source=source, dispatch=args.dispatch, flow=flow, current=current,
+                           max_moves=args.max_moves, expert_bytes=args.expert_bytes, current_source=args.current)
     # Without -o on a terminal, the document (often hundreds of KB) would bury
     # the summary: print only the summary and how to save the file.
     held_back = args.output is None and sys.stdout.isatty()
     if not held_back:
-        emit(render(args.format, doc, placement.phy2log, routed), args.output)
+        emit(render(args.format, doc, placement.phy2log, args.first_moe_layer), args.output)
     # The document goes to stdout without -o (or with -o -); the summary then goes to stderr.
     out = sys.stderr if args.output in (None, "-") and not held_back else sys.stdout
-    for line in summary_lines(doc):
+    for line in summary_lines(doc) + engine_lines(args.format, doc, args.output, args.first_moe_layer):
         print(line, file=out)
     if held_back:
         print(f"placement not written ({args.format}): give -o FILE to save it, or -o - to print it here", file=out)
     elif args.output != "-" and args.output is not None:
         print(f"wrote {args.output} ({args.format})", file=out)
     return 0
+
+
+def engine_lines(fmt: str, doc: dict[str, Any], output: Optional[str], first_layer: int) -> list[str]:
+    """What the engine needs beside the file: EP size, slot count, flags, the layers placed trivially."""
+    inputs = doc["inputs"]
+    gpus, slots, experts, layers = inputs["gpus"], inputs["slots"], inputs["num_experts"], inputs["num_layers"]
+    idle = [row["layer"] for row in doc["layers"] if row["after"]["in_sample"]["mean_load"] == 0]
+    lines = []
+    if idle:
+        shown = ", ".join(map(str, idle[:8])) + (", ..." if len(idle) > 8 else "")
+        lines.append(f"  {len(idle)} MoE layers without passes ({shown}): the trivial placement (slot s holds expert s mod E)")
+    name = output if output not in (None, "-") else "FILE"
+    spare = f"{slots} slots = {experts} experts + {slots - experts} redundant"
+    decoder = f"decoder layers {first_layer}..{first_layer + layers - 1}"
+    if fmt == "sglang":
+        rows = f"{first_layer} trivial rows for the dense layers, then " if first_layer else ""
+        imb = doc["summary"]["imbalance"]
+        lines.append(f"SGLang: --ep-size {gpus} --ep-num-redundant-experts {slots - experts} "
+                     f"--init-expert-location {name if name.endswith('.json') else name + '.json'} "
+                     f"({spare}; {rows}{layers} MoE rows)")
+        static = "unknown (no per-rank captures)" if imb["static"] is None else f"{imb['static']:.3f}"
+        lines.append(f"  SGLang's dispatch: static (the default with DeepEP) gives imbalance {static}, "
+                     f"--ep-dispatch-algorithm dynamic about {_fmt(imb['even'])} "
+                     f"(optimised for {doc['dispatch']['model']})")
+    elif fmt == "trtllm":
+        lines.append(f"TensorRT-LLM: moe_config: {{load_balancer: {name}}} with enable_attention_dp: true, "
+                     f"--ep {gpus} ({spare}; keys are {decoder})")
+    return lines
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _run_export(args: argparse.Namespace) -> int:

@@ -5,8 +5,16 @@ each layer onto S >= E physical slots (S - E replicas of the experts with
 the most load per replica), S / G consecutive slots per GPU. It runs
 DeepSeek's EPLB greedy (replication, balanced packing, hierarchical by node
 when ``groups`` is given) and then refines it by slot swaps between GPUs,
-keeping per layer whichever of the two has the lower busiest-GPU load: never
-worse than the published algorithm, better where its greedy leaves room.
+keeping per layer whichever of the two has the lower busiest-GPU load under
+the chosen dispatch model (``turbospark.placement.dispatch``: even, static or
+round-robin): never worse than the published algorithm under that model,
+better where its greedy leaves room. For static dispatch two more candidates
+join (without groups): replica counts that divide G on distinct GPUs
+(``_static``), as packed and as refined, and the chosen map is improved by
+slot swaps scored exactly under static dispatch; SGLang's shared random generator
+couples the layers, so there the choice runs layer by layer and the
+guarantee (against the published map and the even-optimised one, both
+under static) is on the mean imbalance over layers.
 
 ``turbospark.placement.document`` evaluates a placement in and out of
 sample; ``turbospark.placement.formats`` writes what SGLang and
@@ -15,6 +23,7 @@ TensorRT-LLM read.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,16 +31,20 @@ import numpy as np
 
 from ._greedy import eplb
 from ._refine import refine
-from .evaluate import gpu_loads, replica_counts, trivial_map
+from ._static import divisor_placement, static_search
+from .dispatch import SGLANG_SEED, DISPATCH, Routing, known_loads, routing, source_counts, static_layer_loads
+from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
 
-__all__ = ["Placement", "check_geometry", "place", "trivial_map"]
+__all__ = ["DISPATCH", "Placement", "Routing", "check_geometry", "place", "routing", "trivial_map"]
 
 
 @dataclass(frozen=True, eq=False)
 class Placement:
     """A placement: ``phy2log`` (L, S) expert per slot (GPU g holds slots
     g*S/G .. (g+1)*S/G - 1), ``replicas`` (L, E) slots per expert, ``greedy``
-    the published algorithm's map for the same inputs, and the settings."""
+    the published algorithm's map for the same inputs, and the settings. Layers
+    without load get the trivial map (slot s holds expert s mod E)
+    (``dispatch``: the model the per-layer choice was made under)."""
 
     phy2log: np.ndarray
     replicas: np.ndarray
@@ -39,6 +52,7 @@ class Placement:
     gpus: int
     nodes: int
     groups: Optional[int]
+    dispatch: str = "even"
 
 
 def check_geometry(num_experts: int, gpus: int, slots: Optional[int], nodes: int,
@@ -71,15 +85,22 @@ def check_geometry(num_experts: int, gpus: int, slots: Optional[int], nodes: int
 
 
 def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int = 1,
-          groups: Optional[int] = None) -> Placement:
+          groups: Optional[int] = None, dispatch: str = "even", flow: Optional[Routing] = None,
+          assume_even: bool = False) -> Placement:
     """Place each layer's experts for the (L, E) non-negative ``counts``.
 
     ``gpus`` G, ``slots`` S (default E; S - E replicas), ``nodes`` N and
     ``groups`` X: with groups, X consecutive expert groups are packed onto
     nodes and all replicas of a group's experts stay on its node; without,
-    the placement is global (nodes then only have to divide G). Returns a
-    ``Placement``; raises ``ValueError`` for invalid settings or counts.
+    the placement is global (nodes then only have to divide G).
+    ``dispatch`` (one of ``DISPATCH``) is the model each layer's busiest GPU
+    is judged under; ``flow`` the per-source-rank routing behind ``counts``
+    (default: ``counts`` as one unknown source); ``static`` without measured
+    ranks needs ``assume_even`` (tokens spread evenly over the G ranks).
+    Returns a ``Placement``; raises ``ValueError`` for invalid settings or counts.
     """
+    if dispatch not in DISPATCH:
+        raise ValueError(f"--dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
     counts = np.asarray(counts)
     if counts.ndim != 2 or counts.dtype.kind not in "iuf" or (counts.size and counts.min() < 0):
         raise ValueError("counts must be a 2-D array of non-negative numbers (layers x experts)")
@@ -91,6 +112,58 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
     greedy, _ = eplb(counts, slots, groups if hierarchical else 1, nodes if hierarchical else 1, gpus)
     weight = counts.astype(np.float64)
     refined = refine(greedy, weight, gpus, nodes if hierarchical else 1)
-    better = gpu_loads(refined, weight, gpus).max(axis=1) <= gpu_loads(greedy, weight, gpus).max(axis=1)
-    phy2log = np.where(better[:, None], refined, greedy)
-    return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups)
+    flow = routing([counts]) if flow is None else flow
+    if dispatch == "static" and not flow.measured and not assume_even:
+        raise ValueError("--dispatch static needs per-source-rank counts (one capture per rank) "
+                         "or the even-spread assumption (assume_even=True)")
+    # A layer without load gets the trivial placement, the one an engine starts from.
+    idle = counts.sum(axis=1) == 0
+    refined[idle] = trivial_map(int(idle.sum()), experts, slots)
+    published = greedy.copy()
+    published[idle] = refined[idle]
+    if dispatch == "static":
+        shaped = []
+        if not hierarchical:  # the divisor shape is global: it would break node groups
+            shaped = [divisor_placement(weight, slots, gpus)]
+            shaped.append(refine(shaped[0], weight, gpus, 1))
+            for m in shaped:
+                m[idle] = refined[idle]
+        phy2log = _static_choice([refined, published, *shaped], flow, gpus)
+    else:
+        scores = [known_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, published)]
+        phy2log = np.where((scores[0] <= scores[1])[:, None], refined, published)
+    return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups, dispatch)
+
+
+def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int) -> np.ndarray:
+    """Under static dispatch SGLang's one generator runs through the layers, so a layer's fallback
+    draws depend on the maps before it: choose layer by layer among ``candidates`` (the refined
+    map, the published one, then any others) whichever has the lightest busiest GPU from the
+    generator state the earlier choices leave (the first on ties), improve it by exactly scored
+    swaps (``static_search``), then keep whichever of that map, the even-optimised one and the
+    published one has the lowest mean imbalance."""
+    refined, published = candidates[0], candidates[1]
+    sent = source_counts(flow, gpus)
+    rng = random.Random(SGLANG_SEED)
+    chosen = published.copy()
+    for layer in range(published.shape[0]):
+        state = rng.getstate()
+        tried = []
+        for m in candidates:
+            rng.setstate(state)
+            tried.append((static_layer_loads(m[layer], sent[:, layer], gpus, rng).max(), rng.getstate()))
+        pick = min(range(len(candidates)), key=lambda i: (tried[i][0], i))
+        rng.setstate(state)
+        chosen[layer] = static_search(candidates[pick][layer], sent[:, layer], gpus, rng)
+    even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, published)]
+    even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, published)
+    finalists = (chosen, even_optimised, published)
+    means = [_mean_imbalance(known_loads("static", m, flow, gpus, True)) for m in finalists]
+    return finalists[int(np.argmin(means))]
+
+
+def _mean_imbalance(loads: np.ndarray) -> float:
+    """Mean over the loaded layers of (max - mean) / mean (0 when none has load)."""
+    values = imbalance(loads)[0]
+    values = values[~np.isnan(values)]
+    return float(values.mean()) if values.size else 0.0

@@ -6,9 +6,11 @@ Layout::
     {"inputs": {"capture", "num_layers", "num_experts", "top_k", "gpus", "slots",
                 "nodes", "groups", "fit", "batch", "batches"},
      "physical_to_logical_map": [[S ints] x L], "replica_counts": [[E ints] x L],
+     "dispatch": {"model", "source_ranks", "static", "why"},
      "layers": [{"layer", "fit_passes", "test_passes", "split", "published_max_load",
-                 "before": EVAL, "after": EVAL}],
-     "summary": {"routed_layers", "before": MEANS, "after": MEANS}}
+                 "before": EVAL, "after": EVAL, "imbalance": BY_MODEL, "trivial_imbalance": BY_MODEL}],
+     "summary": {"routed_layers", "before": MEANS, "after": MEANS,
+                 "imbalance": BY_MODEL, "trivial_imbalance": BY_MODEL}}
 
 EVAL = {"in_sample": STATS, "out_of_sample": STATS or null,
 "batch_in_sample": BATCH or null, "batch_out_of_sample": BATCH or null};
@@ -20,11 +22,31 @@ load of DeepSeek's published greedy on the same inputs, for comparison.
 ``split``: with ``--fit``, how the layer's passes were split ("sequences":
 whole sequences, in order of first appearance; "passes": by position; see
 ``turbospark.placement.samples``), else null.
+
+BY_MODEL = {"even", "static", "round-robin"}: the in-sample imbalance under
+each dispatch model of ``turbospark.placement.dispatch`` (per layer; in the
+summary, the mean over routed layers). ``static`` is null when the
+per-source-rank loads are unknown (one capture and no ``--dispatch static``);
+``dispatch.why`` then says so and how to give them. ``dispatch.model`` is the
+model the placement was optimised for, ``dispatch.static`` how the source
+ranks' loads were obtained (measured or assumed), ``dispatch.source_ranks``
+the number of per-rank captures (1: one capture). ``before`` and ``after``
+are the even model.
+
+``inputs.capture`` is the list of files when several per-rank captures were given.
+
+With ``--from`` (a current placement): ``inputs`` adds ``from``,
+``max_moves`` (null: unbounded) and ``expert_bytes``; each layer adds
+``moved_slots`` (slots whose expert changes), ``moved_bytes`` (times
+``expert_bytes``, else null) and ``current_imbalance`` (BY_MODEL of the
+current placement); ``summary`` adds the totals ``moved_slots`` and
+``moved_bytes`` and the mean ``current_imbalance``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Optional, Union
 
@@ -33,7 +55,9 @@ import numpy as np
 from ..analysis.capture_sequences import Sequences, split_unit
 from ..analysis.capture import Capture
 from . import Placement, place
-from .evaluate import gpu_loads, imbalance, layer_stats, trivial_map
+from .dispatch import DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, Routing, dispatch_loads, routing
+from .evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
+from .migrate import align, moved_slots, rebalance
 from .samples import Split, batch_counts, split, window_sequences
 
 __all__ = ["build", "summary_lines"]
@@ -43,23 +67,54 @@ _KINDS = ("in_sample", "out_of_sample", "batch_in_sample", "batch_out_of_sample"
 
 def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: int = 1,
           groups: Optional[int] = None, fit: Optional[Union[float, Fraction]] = None, batch: Optional[int] = None,
-          seqs: Optional[Sequences] = None, source: Optional[str] = None) -> tuple[dict[str, Any], Placement]:
+          seqs: Optional[Sequences] = None, source: Optional[str] = None, dispatch: str = "even",
+          flow: Optional[Routing] = None, current: Optional[np.ndarray] = None,
+          max_moves: Optional[int] = None, expert_bytes: Optional[int] = None,
+          current_source: Optional[str] = None) -> tuple[dict[str, Any], Placement]:
     """Place ``capture``'s experts and evaluate the result; returns (document, placement).
 
     ``fit`` (0 < F < 1) and ``batch`` (B >= 1) need the trace; ``seqs`` is the
     capture's (seq, phase) or None; ``source`` names the capture in the
-    inputs. Raises ``ValueError`` naming the problem for invalid settings.
+    inputs. ``dispatch`` is the model to optimise for; ``flow`` the per-rank
+    routing when ``capture`` sums several per-rank captures (then no ``fit``
+    or ``batch``). ``current``: the (L, S) placement served now (named
+    ``current_source``): the result is the best reachable from it moving at
+    most ``max_moves`` slots per layer (None: unbounded; see
+    ``turbospark.placement.migrate``), ``expert_bytes`` the bytes of one
+    expert's weights. Raises ``ValueError`` naming the problem for invalid settings.
     """
+    if current is None and (max_moves is not None or expert_bytes is not None):
+        raise ValueError("--max-moves and --expert-bytes need --from CURRENT_PLACEMENT")
+    if current is not None and slots is not None and current.shape[1] != slots:
+        raise ValueError(f"--slots {slots} but the current placement has {current.shape[1]} slots per layer")
+    if max_moves is not None and (type(max_moves) is not int or max_moves < 0):
+        raise ValueError(f"--max-moves must be 0 or more, got {max_moves!r}")
+    if expert_bytes is not None and (type(expert_bytes) is not int or expert_bytes < 1):
+        raise ValueError(f"--expert-bytes must be a positive integer, got {expert_bytes!r}")
+    if flow is not None and (fit is not None or batch is not None):
+        raise ValueError("--fit and --batch take one capture, not several per-rank captures")
     if batch is not None and (type(batch) is not int or batch < 1):
         raise ValueError(f"--batch must be a positive integer, got {batch!r}")
     if batch is not None and capture.trace is None:
         raise ValueError("--batch needs the capture's trace (record with trace=True): "
                          "counts alone do not say which passes were served together")
     parts = split(capture, fit)
-    placement = place(parts.fit, gpus, slots, nodes, groups)
+    flow = _fit_flow(capture, parts) if flow is None else flow
+    assume = dispatch == "static" and not flow.measured
+    placement = place(parts.fit, gpus, slots if current is None else current.shape[1], nodes, groups,
+                      dispatch, flow, assume)
+    if current is not None:
+        target = align(placement.phy2log, current, gpus, permute=dispatch == "even")
+        moved = rebalance(current, parts.fit, gpus, max_moves, target)
+        placement = replace(placement, phy2log=moved, replicas=replica_counts(moved, capture.num_experts))
     before = trivial_map(capture.num_layers, capture.num_experts, placement.phy2log.shape[1])
     evals = {"before": _evaluate(capture, parts, before, gpus, batch, seqs),
              "after": _evaluate(capture, parts, placement.phy2log, gpus, batch, seqs)}
+    by_model = {"after": by_dispatch(placement.phy2log, flow, gpus, assume),
+                "before": by_dispatch(before, flow, gpus, assume)}
+    if current is not None:
+        by_model["current"] = by_dispatch(current, flow, gpus, assume)
+        moves = moved_slots(placement.phy2log, current)
     published = gpu_loads(placement.greedy, parts.fit.astype(np.float64), gpus).max(axis=1)
     layers = []
     for layer in range(capture.num_layers):
@@ -71,7 +126,14 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
             "published_max_load": float(published[layer]),
             "before": evals["before"][layer],
             "after": evals["after"][layer],
+            "imbalance": by_model["after"][layer],
+            "trivial_imbalance": by_model["before"][layer],
         })
+        if current is not None:
+            count = int(moves[layer])
+            layers[-1].update({"moved_slots": count,
+                               "moved_bytes": None if expert_bytes is None else count * expert_bytes,
+                               "current_imbalance": by_model["current"][layer]})
     routed = [row for row, total in zip(layers, capture.totals.tolist()) if total > 0]
     doc = {
         "inputs": {
@@ -82,14 +144,60 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
         },
         "physical_to_logical_map": placement.phy2log.tolist(),
         "replica_counts": placement.replicas.tolist(),
+        "dispatch": dispatch_inputs(dispatch, flow, gpus, assume),
         "layers": layers,
         "summary": {
             "routed_layers": len(routed),
             "before": _means(routed, "before"),
             "after": _means(routed, "after"),
+            "imbalance": model_means(routed, "imbalance"),
+            "trivial_imbalance": model_means(routed, "trivial_imbalance"),
         },
     }
+    if current is not None:
+        total = int(moves.sum())
+        doc["inputs"].update({"from": current_source, "max_moves": max_moves, "expert_bytes": expert_bytes})
+        doc["summary"].update({"moved_slots": total, "moved_bytes": None if expert_bytes is None else total * expert_bytes,
+                               "current_imbalance": model_means(routed, "current_imbalance")})
     return doc, placement
+
+
+def _fit_flow(capture: Capture, parts: Split) -> Routing:
+    """The in-sample routing of one capture: its fit counts and, with a trace, the fit passes."""
+    if capture.trace is None:
+        return routing([parts.fit])
+    if parts.fit_masks is None:
+        return routing([parts.fit], [capture.trace])
+    return routing([parts.fit], [[ids[m] for ids, m in zip(capture.trace, parts.fit_masks)]])
+
+
+def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool) -> list[dict[str, Optional[float]]]:
+    """Per layer, {model: imbalance} under each of ``DISPATCH`` (None: no load, or static unknown)."""
+    values = {}
+    for model in DISPATCH:
+        loads = dispatch_loads(model, phy2log, flow, gpus, assume_even)
+        values[model] = [None] * phy2log.shape[0] if loads is None else [
+            None if v != v else v for v in imbalance(loads)[0].tolist()]
+    return [{model: values[model][layer] for model in DISPATCH} for layer in range(phy2log.shape[0])]
+
+
+def dispatch_inputs(model: str, flow: Routing, gpus: int, assume_even: bool) -> dict[str, Any]:
+    """The document's ``dispatch`` object: the model, the source ranks and how static loads were known."""
+    if flow.measured:
+        static: Optional[str] = STATIC_MEASURED.format(ranks=flow.counts.shape[0])
+    else:
+        static = STATIC_ASSUMED.format(gpus=gpus) if assume_even else None
+    return {"model": model, "source_ranks": int(flow.counts.shape[0]), "static": static,
+            "why": None if static is not None else STATIC_UNKNOWN}
+
+
+def model_means(rows: list[dict[str, Any]], key: str) -> dict[str, Optional[float]]:
+    """Mean over ``rows`` of each model's value in ``row[key]`` (None where no row has one)."""
+    out: dict[str, Optional[float]] = {}
+    for model in DISPATCH:
+        values = [row[key][model] for row in rows if row[key][model] is not None]
+        out[model] = math.fsum(values) / len(values) if values else None
+    return out
 
 
 def evaluate_map(capture: Capture, phy2log: np.ndarray, gpus: int) -> list[dict[str, Any]]:
@@ -155,6 +263,24 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
         if before is None and after is None:
             continue
         lines.append(f"  {label}: {_fmt(before)} trivial -> {_fmt(after)} placed")
+    lines += dispatch_lines(doc["dispatch"], summary["trivial_imbalance"], summary["imbalance"],
+                            f"trivial -> placed; optimised for {doc['dispatch']['model']}")
+    if "moved_slots" in summary:
+        limit = "unbounded" if inputs["max_moves"] is None else f"at most {inputs['max_moves']} per layer"
+        moved = f"{summary['moved_slots']} slots moved ({limit})"
+        if summary["moved_bytes"] is not None:
+            moved += f", {summary['moved_bytes']} bytes of expert weights"
+        cells = [f"{m} {_fmt(summary['current_imbalance'][m])} -> {_fmt(summary['imbalance'][m])}" for m in DISPATCH]
+        lines.append(f"  from {inputs['from']}: {moved}; in sample, current -> placed: " + ", ".join(cells))
+    return lines
+
+
+def dispatch_lines(dispatch: dict[str, Any], before: dict[str, Optional[float]],
+                   after: dict[str, Optional[float]], label: str) -> list[str]:
+    """The summary's per-dispatch line (in sample, ``label`` in brackets) and how static loads were obtained."""
+    cells = [f"{model} {_fmt(before[model])} -> {_fmt(after[model])}" for model in DISPATCH]
+    lines = [f"  in sample by dispatch model ({label}): " + ", ".join(cells)]
+    lines.append(f"  static dispatch: {dispatch['static'] or dispatch['why']}")
     return lines
 
 
