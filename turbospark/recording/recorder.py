@@ -175,6 +175,16 @@ class _Facade(_CoreBase):
             return None
         config = _env.config_from_env(num_layers)
         assert config is not None
+        return cls.from_config(config, num_layers, num_experts, top_k)
+
+    @classmethod
+    def from_config(cls: type[_Self], config: _env.EnvConfig, num_layers: int, num_experts: int, top_k: int = 0) -> _Self:
+        """A recorder for an environment configuration (``_env.config_from_env``, perhaps with fields replaced).
+
+        As lenient as ``from_env`` (warnings, not errors, for what an
+        environment setting may get wrong); for integrations that must know
+        the configuration before the recorder exists.
+        """
         recorder = cls.__new__(cls)
         recorder._start(
             config.path,

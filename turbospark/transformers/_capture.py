@@ -10,15 +10,23 @@ Hooks, and what each one knows:
 - with the pilot probe, a pre-hook on the pre-MoE norm of each routed layer
   takes that layer's post-attention residual and runs the target layer's norm
   and router on it through their ``forward`` methods, which fire no hooks.
-``generate`` is followed through two of the model's own methods, replaced on
-the instance for the duration: ``_prefill`` (the calls inside it are prompt
-tokens) and ``_get_stopping_criteria`` (its result is wrapped so the capture
-sees which sequences each step finishes).
+``generate`` is followed through the model's own methods, replaced on the
+instance for the duration (an override the user set on the instance is
+wrapped, and put back on exit): ``_prefill`` (the calls inside it are prompt
+tokens), ``_get_stopping_criteria`` (its result is wrapped so the capture
+sees which sequences each step finishes) and ``_validate_generation_mode``
+(assisted generation is refused before the model runs: its candidate
+tokens are routed in blocks the decode-step rules cannot follow).
+
+Everything that can refuse the capture (the model's routers, the probe's
+norms, the arguments) is resolved before the recorder exists, so a refused
+capture never writes, or overwrites, a file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import weakref
 from typing import Any, Iterator, Optional, Union
@@ -26,14 +34,19 @@ from typing import Any, Iterator, Optional, Union
 import torch
 from torch import nn
 
+from turbospark.recording import _env
 from turbospark.transformers._model_recorder import ModelRecorder
 from turbospark.transformers._routers import RouterSite, Routing, find_routing
 from turbospark.transformers._sink import Sink
 
 __all__ = ["capture", "pre_moe_norm"]
 
-# Decoder-layer attributes that hold the norm applied right before the MoE block.
-NORM_NAMES = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_norm")
+# Decoder-layer attributes that hold the norm applied right before the MoE
+# block, most specific first: a layer with both a pre_feedforward_layernorm and
+# a post_attention_layernorm (Gemma-style) applies the latter to the attention
+# output, before the residual add. Jamba calls its own pre_ff_layernorm.
+NORM_NAMES = ("pre_feedforward_layernorm", "pre_ff_layernorm", "ffn_norm", "post_attention_layernorm")
+_MISSING = object()
 _PILOTS = (None, "next", "self")
 # Models with a capture in progress: a second capture or a verify on them
 # would see the first one's hooks fire.
@@ -52,16 +65,42 @@ def pre_moe_norm(layer: nn.Module, index: int) -> nn.Module:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _ProbePlan:
+    """Where the probe's hooks go: (source norm, target router site, target norm) per predicted layer."""
+
+    links: tuple[tuple[nn.Module, RouterSite, nn.Module], ...]
+    distances: tuple[int, ...]
+
+
+def _plan_probe(routing: Routing, pilot: Optional[str]) -> Optional[_ProbePlan]:
+    """The probe's wiring for ``pilot`` (None when off); ValueError when a routed layer has no known pre-MoE norm."""
+    if pilot is None:
+        return None
+    sites, layers = routing.sites, routing.layers
+    pairs = [(site, site) for site in sites] if pilot == "self" else list(zip(sites, sites[1:]))
+    distances = [0] * len(layers)
+    links = []
+    for source, target in pairs:
+        source_norm = pre_moe_norm(layers[source.layer], source.layer)
+        target_norm = pre_moe_norm(layers[target.layer], target.layer)
+        distances[target.layer] = target.layer - source.layer
+        links.append((source_norm, target, target_norm))
+    return _ProbePlan(tuple(links), tuple(distances))
+
+
 class _Session:
     """The per-call state the hooks share, and the hooks themselves."""
 
-    def __init__(self, model: nn.Module, routing: Routing, recorder: ModelRecorder, pilot: Optional[str]) -> None:
+    def __init__(self, model: nn.Module, routing: Routing, recorder: ModelRecorder, probe: Optional[_ProbePlan]) -> None:
         self.model = model
         self.routing = routing
         self.sink = Sink(recorder, _device(routing), routing.top_k)
-        self.pilot = pilot if self.sink.predicting else None
+        self.probe = probe if self.sink.predicting else None
+        self.pilot = None if self.probe is None else ("self" if recorder.pilot_offset() == 0 else "next")
         self.handles: list[Any] = []
-        self.patched: list[str] = []
+        # (name, what the instance held before: _MISSING when nothing), in patching order.
+        self.patched: list[tuple[str, Any]] = []
         # Per forward call: which rows to keep (None: all), their sequence ids, the phase.
         self.mask: Optional[torch.Tensor] = None
         self.seq: Optional[torch.Tensor] = None
@@ -82,37 +121,33 @@ class _Session:
         self.handles.append(self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
         for site in self.routing.sites:
             self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
-        if self.pilot is not None:
-            self._install_probe()
+        if self.probe is not None:
+            for source_norm, target, target_norm in self.probe.links:
+                self.handles.append(source_norm.register_forward_pre_hook(self._probe_hook(target, target_norm)))
+            if self.pilot == "next":
+                self.sink.recorder.pilot_distances = self.probe.distances
         if all(hasattr(self.model, name) for name in ("generate", "_prefill", "_get_stopping_criteria")):
             self._patch("generate", self._wrap_generate(self.model.generate))
             self._patch("_prefill", self._wrap_prefill(self.model._prefill))
             self._patch("_get_stopping_criteria", self._wrap_criteria(self.model._get_stopping_criteria))
+            if hasattr(self.model, "_validate_generation_mode"):
+                self._patch("_validate_generation_mode", self._wrap_mode_check(self.model._validate_generation_mode))
 
     def _patch(self, name: str, replacement: Any) -> None:
+        # The instance's own attribute (a user's override), if any, is put back by remove().
+        self.patched.append((name, self.model.__dict__.get(name, _MISSING)))
         object.__setattr__(self.model, name, replacement)
-        self.patched.append(name)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-        for name in self.patched:
-            self.model.__dict__.pop(name, None)
+        for name, previous in reversed(self.patched):
+            if previous is _MISSING:
+                self.model.__dict__.pop(name, None)
+            else:
+                object.__setattr__(self.model, name, previous)
         self.patched.clear()
-
-    def _install_probe(self) -> None:
-        sites = self.routing.sites
-        layers = self.routing.layers
-        pairs = [(site, site) for site in sites] if self.pilot == "self" else list(zip(sites, sites[1:]))
-        distances = [0] * len(layers)
-        for source, target in pairs:
-            source_norm = pre_moe_norm(layers[source.layer], source.layer)
-            target_norm = pre_moe_norm(layers[target.layer], target.layer)
-            distances[target.layer] = target.layer - source.layer
-            self.handles.append(source_norm.register_forward_pre_hook(self._probe_hook(target, target_norm)))
-        if self.pilot == "next":
-            self.sink.recorder.pilot_distances = tuple(distances)
 
     # ------------------------------------------------------------ generate
 
@@ -154,6 +189,19 @@ class _Session:
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             return Observed(get_criteria(*args, **kwargs))
+
+        return wrapped
+
+    def _wrap_mode_check(self, validate: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            # (generation_mode, generation_config, generation_mode_kwargs), as generate passes them.
+            names = ("generation_mode", "generation_config", "generation_mode_kwargs")
+            values = dict(zip(names, args), **kwargs)
+            refusal = _assisted_refusal(values.get("generation_mode"), values.get("generation_config"),
+                                        values.get("generation_mode_kwargs") or {})
+            if refusal:
+                raise ValueError(refusal)
+            return validate(*args, **kwargs)
 
         return wrapped
 
@@ -255,47 +303,68 @@ def capture(
     """Record the routing of a transformers MoE ``model`` while the ``with`` block runs.
 
     ``path``: where the capture is written when the block ends; None lets the
-    environment decide exactly as ``RouterHistogram.from_env`` (nothing is
-    recorded, and no hook installed, when ``TURBOSPARK_ROUTER_HIST`` is
-    unset; trace and probe then come from ``TURBOSPARK_ROUTER_TRACE`` and
-    ``TURBOSPARK_PILOT_PROBE``, so ``trace`` and ``pilot`` must be left None).
-    ``trace``: keep every pass's ids. ``pilot``: None, ``"next"`` (each routed
-    layer predicts the next routed one) or ``"self"`` (the wiring self-test).
+    environment decide the path exactly as ``RouterHistogram.from_env``
+    (nothing is recorded, nothing written and no hook installed when
+    ``TURBOSPARK_ROUTER_HIST`` is unset). ``trace``: keep every pass's ids
+    (None: off, or with ``path=None`` what ``TURBOSPARK_ROUTER_TRACE`` says).
+    ``pilot``: None, ``"next"`` (each routed layer predicts the next routed
+    one) or ``"self"`` (the wiring self-test); with ``path=None``, None
+    follows ``TURBOSPARK_PILOT_PROBE``. A ``trace`` or ``pilot`` given
+    overrides the environment, so ``capture(model, trace=True)`` can stay in
+    a runtime that records only when the environment asks.
 
     Yields the recorder (a ``RouterHistogram``), or None when recording is
     off. Layers are the model's decoder layers (dense ones stay zero rows).
-    On exit, normal or by exception, every hook is removed and the recorder
-    closed (the file written). Raises ``TypeError`` for a model whose routers
-    cannot be found or report no chosen ids (naming its class and what is
-    missing), ``ValueError`` for a bad ``pilot``, for ``trace``/``pilot``
-    given with ``path=None``, or when the probe cannot find a layer's
-    pre-MoE norm, and ``RuntimeError`` when a capture is already running on
-    the model.
+    Reading the recorder's ``counts``, ``passes``, ``trace()`` or
+    ``predictions()`` inside the block shows every row recorded so far.
+    On exit, normal or by exception, every hook is removed, the model's own
+    methods (an instance-level override included) are put back, and the
+    recorder closed (the file written).
+
+    Raises, before any recorder exists (so no file is written): ``TypeError``
+    for a model whose routers cannot be found or report no chosen ids
+    (naming its class and what is missing), ``ValueError`` for a bad
+    ``pilot`` or ``trace``, or when the probe cannot find a routed layer's
+    pre-MoE norm, ``RuntimeError`` when a capture is already running on the
+    model. Inside the block, a ``generate`` call in assisted mode
+    (``assistant_model=``, ``prompt_lookup_num_tokens=``, ...) raises
+    ``ValueError`` naming the setting before the model runs.
     """
     if pilot not in _PILOTS:
         raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
-    if path is None and (trace is not None or pilot is not None):
-        raise ValueError(
-            "with path=None the environment decides (TURBOSPARK_ROUTER_TRACE, TURBOSPARK_PILOT_PROBE); "
-            f"got trace={trace!r}, pilot={pilot!r}: pass a path to set them in code"
-        )
+    if trace is not None and not isinstance(trace, bool):
+        raise ValueError(f"trace must be None, True or False, got {trace!r}")
     if model in _active:
         raise RuntimeError(f"a capture is already running on this {type(model).__name__}")
-    if path is None and not os.environ.get("TURBOSPARK_ROUTER_HIST"):
+    if path is None and not os.environ.get(_env.HIST):
         yield None  # recording off: no discovery, no hook, no cost
         return
     routing = find_routing(model)
+    sizes = (len(routing.layers), routing.num_experts, routing.top_k)
+    config = None
     if path is None:
-        recorder = ModelRecorder.from_env(len(routing.layers), routing.num_experts, routing.top_k)
+        config = _env.config_from_env(sizes[0])
+        assert config is not None  # HIST is set
+        config = dataclasses.replace(
+            config, trace=config.trace if trace is None else trace, pilot=config.pilot if pilot is None else pilot
+        )
+        probe = _plan_probe(routing, config.pilot)
+        recorder = ModelRecorder.from_config(config, *sizes)
     else:
-        recorder = ModelRecorder(path, len(routing.layers), routing.num_experts, routing.top_k, trace=bool(trace), pilot=pilot)
-    if recorder is None:
-        yield None
-        return
-    session = _Session(model, routing, recorder, _recorder_pilot(recorder))
+        probe = _plan_probe(routing, pilot)
+        recorder = ModelRecorder(path, *sizes, trace=bool(trace), pilot=pilot)
+    session: Optional[_Session] = None
     try:
+        session = _Session(model, routing, recorder, probe)
         session.install()
-        _active.add(model)
+    except BaseException:
+        # Nothing was recorded: the capture is refused, not written.
+        if session is not None:
+            session.remove()
+        recorder.discard()
+        raise
+    _active.add(model)
+    try:
         yield recorder
     finally:
         session.remove()
@@ -309,10 +378,24 @@ def _device(routing: Routing) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _recorder_pilot(recorder: ModelRecorder) -> Optional[str]:
-    if not recorder.pilot_enabled():
-        return None
-    return "self" if recorder.pilot_offset() == 0 else "next"
+def _assisted_refusal(mode: Any, config: Any, mode_kwargs: dict) -> str:
+    """Why ``generate`` in this mode cannot be recorded ("" when it can): assisted generation, naming its trigger."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    if mode != GenerationMode.ASSISTED_GENERATION:
+        return ""
+    triggers = []
+    if mode_kwargs.get("assistant_model") is not None:
+        triggers.append(f"assistant_model={type(mode_kwargs['assistant_model']).__name__}")
+    for name in ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp"):
+        value = getattr(config, name, None)
+        if value is not None and value is not False:
+            triggers.append(f"{name}={value!r}")
+    what = ", ".join(triggers) or "assisted generation"
+    return (
+        f"capture() cannot record assisted generation ({what}): the model verifies blocks of candidate "
+        "tokens per step, which the capture would record as one decode token; generate without it inside capture()"
+    )
 
 
 def is_capturing(model: nn.Module) -> bool:
