@@ -662,3 +662,69 @@ def test_assisted_generation_is_refused_naming_the_argument(tmp_path: Any) -> No
     assert (result.ok, result.passes) == (True, 9)
     # Outside a capture, assisted generation is the model's business.
     model.generate(**kwargs, prompt_lookup_num_tokens=3)
+
+
+def _compiled(model: Any, how: str) -> Any:
+    """``model`` compiled (eager backend: dynamo's tracing without inductor), as a user would: returns what to call."""
+    if how == "wrapper":
+        return torch.compile(model, backend="eager")
+    if how == "method":
+        model.compile(backend="eager")
+    else:
+        model.forward = torch.compile(model.forward, backend="eager")
+    return model
+
+
+@pytest.mark.parametrize("how", ["wrapper", "method", "forward"])
+def test_a_model_compiled_and_warmed_up_before_capture_is_recorded_exactly(tmp_path: Any, how: str) -> None:
+    from turbospark.transformers import is_capturing
+
+    ids, mask, _ = _batch("mixtral")
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, eos_token_id=[7, 9, 11])
+
+    def run(target: Any, model: Any, path: Any) -> bytes:
+        with capture(target, path, trace=True, pilot="next"):
+            assert is_capturing(target) and is_capturing(model)
+            target.generate(**kwargs)
+            with torch.no_grad():
+                target(input_ids=ids, attention_mask=mask, position_ids=positions)
+        return path.read_bytes()
+
+    plain = build("mixtral")
+    eager = run(plain, plain, tmp_path / "eager.json")
+    model = build("mixtral")
+    target = _compiled(model, how)
+    # Warm: the compiled graphs exist before the capture's hooks do.
+    target.generate(**kwargs)
+    with torch.no_grad():
+        target(input_ids=ids, attention_mask=mask, position_ids=positions)
+    holder = target if how == "wrapper" else model
+    name = "_compiled_call_impl" if how == "method" else "forward"
+    compiled_call = holder.__dict__[name]
+    assert run(target, model, tmp_path / "compiled.json") == eager
+    # The compiled call is put back, and is the one that runs again.
+    assert holder.__dict__[name] is compiled_call and not is_capturing(target)
+
+
+def test_routers_that_stay_silent_are_refused_loudly(tmp_path: Any) -> None:
+    model = build("mixtral")
+    mlp = model.model.layers[0].mlp
+    compiled = torch.compile(mlp.forward, backend="eager")
+    # Hidden behind a plain function, so capture cannot set it back to eager.
+    mlp.forward = lambda hidden: compiled(hidden)
+    kwargs = dict(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    model.generate(**kwargs)
+    with torch.no_grad():
+        model(PROMPT)
+    message = ("capture() recorded nothing of layer(s) [0] during {}: their routers' hooks did not run, as when a graph "
+               "torch.compile built before capture() runs the model (dynamo does not guard on hooks); capture the model "
+               "uncompiled")
+    with capture(model, tmp_path / "c.json", trace=True):
+        with pytest.raises(RuntimeError) as caught:
+            model.generate(**kwargs)
+        assert str(caught.value) == message.format("generate()")
+        with pytest.raises(RuntimeError) as caught:
+            with torch.no_grad():
+                model(PROMPT)
+        assert str(caught.value) == message.format("a forward call of MixtralForCausalLM")

@@ -21,6 +21,16 @@ tokens are routed in blocks the decode-step rules cannot follow).
 Everything that can refuse the capture (the model's routers, the probe's
 norms, the arguments) is resolved before the recorder exists, so a refused
 capture never writes, or overwrites, a file.
+
+torch.compile: a graph compiled before the hooks were added never runs them
+(dynamo does not guard on hooks), so a capture would silently record
+nothing. ``capture(torch.compile(model))`` records the module it wraps, and
+for the capture's duration every compiled call of the model and its
+submodules (the wrapper's forward, ``module.compile()``, a forward replaced
+by ``torch.compile(module.forward)``) is set back to the eager one it
+compiled; after every ``generate`` and forward call the capture checks that
+each router's hook ran, and raises ``RuntimeError`` naming the silent layers
+if one did not.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import weakref
 from typing import Any, Iterator, Optional, Union
 
@@ -92,15 +103,26 @@ def _plan_probe(routing: Routing, pilot: Optional[str]) -> Optional[_ProbePlan]:
 class _Session:
     """The per-call state the hooks share, and the hooks themselves."""
 
-    def __init__(self, model: nn.Module, routing: Routing, recorder: ModelRecorder, probe: Optional[_ProbePlan]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        routing: Routing,
+        recorder: ModelRecorder,
+        probe: Optional[_ProbePlan],
+        wrapper: Optional[nn.Module] = None,
+    ) -> None:
         self.model = model
+        self.wrapper = wrapper  # the torch.compile wrapper capture() was given, if any
         self.routing = routing
         self.sink = Sink(recorder, _device(routing), routing.top_k)
         self.probe = probe if self.sink.predicting else None
         self.pilot = None if self.probe is None else ("self" if recorder.pilot_offset() == 0 else "next")
         self.handles: list[Any] = []
-        # (name, what the instance held before: _MISSING when nothing), in patching order.
-        self.patched: list[tuple[str, Any]] = []
+        # (module, name, what the instance held before: _MISSING when nothing), in patching order.
+        self.patched: list[tuple[nn.Module, str, Any]] = []
+        # Router hook calls per layer: a call whose routers stayed silent is refused.
+        self.fired = [0] * len(routing.layers)
+        self._fired_at_call: Optional[list[int]] = None
         # Per forward call: which rows to keep (None: all), their sequence ids, the phase.
         self.mask: Optional[torch.Tensor] = None
         self.seq: Optional[torch.Tensor] = None
@@ -118,7 +140,9 @@ class _Session:
     # ------------------------------------------------------------ installing
 
     def install(self) -> None:
+        self._run_eagerly()
         self.handles.append(self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
+        self.handles.append(self.model.register_forward_hook(self._after_model_call))
         for site in self.routing.sites:
             self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
         if self.probe is not None:
@@ -133,32 +157,56 @@ class _Session:
             if hasattr(self.model, "_validate_generation_mode"):
                 self._patch("_validate_generation_mode", self._wrap_mode_check(self.model._validate_generation_mode))
 
-    def _patch(self, name: str, replacement: Any) -> None:
+    def _patch(self, name: str, replacement: Any, module: Optional[nn.Module] = None) -> None:
         # The instance's own attribute (a user's override), if any, is put back by remove().
-        self.patched.append((name, self.model.__dict__.get(name, _MISSING)))
-        object.__setattr__(self.model, name, replacement)
+        target = self.model if module is None else module
+        self.patched.append((target, name, target.__dict__.get(name, _MISSING)))
+        object.__setattr__(target, name, replacement)
+
+    def _run_eagerly(self) -> None:
+        """Set every compiled call of the model (and of the wrapper) back to the eager one, until remove()."""
+        modules = list(self.model.modules()) + ([self.wrapper] if self.wrapper is not None else [])
+        for module in modules:
+            if module.__dict__.get("_compiled_call_impl") is not None:  # module.compile()
+                self._patch("_compiled_call_impl", None, module)
+            for name in ("forward", "_forward"):  # torch.compile(module.forward); the wrapper's own
+                original = getattr(module.__dict__.get(name), "_torchdynamo_orig_callable", None)
+                if original is not None:
+                    self._patch(name, original, module)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-        for name, previous in reversed(self.patched):
+        for module, name, previous in reversed(self.patched):
             if previous is _MISSING:
-                self.model.__dict__.pop(name, None)
+                module.__dict__.pop(name, None)
             else:
-                object.__setattr__(self.model, name, previous)
+                object.__setattr__(module, name, previous)
         self.patched.clear()
+
+    def _check_fired(self, before: list[int], what: str) -> None:
+        silent = [site.layer for site in self.routing.sites if self.fired[site.layer] == before[site.layer]]
+        if silent:
+            raise RuntimeError(
+                f"capture() recorded nothing of layer(s) {silent} during {what}: their routers' hooks did not run, "
+                "as when a graph torch.compile built before capture() runs the model (dynamo does not guard on "
+                "hooks); capture the model uncompiled"
+            )
 
     # ------------------------------------------------------------ generate
 
     def _wrap_generate(self, generate: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             self.in_generate = True
+            before = list(self.fired)
             try:
-                return generate(*args, **kwargs)
+                result = generate(*args, **kwargs)
             finally:
                 self.in_generate = False
                 self.finished = None
+            self._check_fired(before, "generate()")
+            return result
 
         return wrapped
 
@@ -212,9 +260,10 @@ class _Session:
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
         if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
-            self.mask, self.seq = None, None
+            self.mask, self.seq, self._fired_at_call = None, None, None
             return
         batch, length = int(tokens.shape[0]), int(tokens.shape[1])
+        self._fired_at_call = list(self.fired) if batch * length and not self.in_generate else None
         if self.in_generate and not self.prefilling:
             self._decode_step(batch, length)
             return
@@ -229,6 +278,12 @@ class _Session:
         flat = None if keep is None else keep.reshape(-1).cpu()
         self.mask = None if flat is None or bool(flat.all()) else flat
         self.seq = self._seq_rows(batch, length)
+
+    def _after_model_call(self, module: nn.Module, args: tuple, output: Any) -> None:
+        # A plain forward call (generate checks once, after it returns).
+        before, self._fired_at_call = self._fired_at_call, None
+        if before is not None:
+            self._check_fired(before, f"a forward call of {type(self.model).__name__}")
 
     def _decode_step(self, batch: int, length: int) -> None:
         """A decode call of generate: only each row's newest token is new, and only for rows not finished.
@@ -271,9 +326,10 @@ class _Session:
         return attention_mask[:, -length:].to(torch.bool)
 
     def _router_hook(self, site: RouterSite) -> Any:
-        sink, layer = self.sink, site.layer
+        sink, layer, fired = self.sink, site.layer, self.fired
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            fired[layer] += 1
             sink.selections(layer, site.ids(output), self.mask, self.seq, self.phase)
 
         return hook
@@ -334,6 +390,9 @@ def capture(
         raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
     if trace is not None and not isinstance(trace, bool):
         raise ValueError(f"trace must be None, True or False, got {trace!r}")
+    wrapper = None
+    if _compiled_wrapper(model):
+        wrapper, model = model, model._orig_mod
     if model in _active:
         raise RuntimeError(f"a capture is already running on this {type(model).__name__}")
     if path is None and not os.environ.get(_env.HIST):
@@ -355,7 +414,7 @@ def capture(
         recorder = ModelRecorder(path, *sizes, trace=bool(trace), pilot=pilot)
     session: Optional[_Session] = None
     try:
-        session = _Session(model, routing, recorder, probe)
+        session = _Session(model, routing, recorder, probe, wrapper)
         session.install()
     except BaseException:
         # Nothing was recorded: the capture is refused, not written.
@@ -398,6 +457,13 @@ def _assisted_refusal(mode: Any, config: Any, mode_kwargs: dict) -> str:
     )
 
 
+def _compiled_wrapper(model: Any) -> bool:
+    """Whether ``model`` is the ``OptimizedModule`` torch.compile returns for a module."""
+    # Not imported: nothing was compiled (importing dynamo here would cost a second).
+    kind = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    return kind is not None and isinstance(model, kind) and isinstance(getattr(model, "_orig_mod", None), nn.Module)
+
+
 def is_capturing(model: nn.Module) -> bool:
-    """True while a ``capture`` runs on ``model``."""
-    return model in _active
+    """True while a ``capture`` runs on ``model`` (or on the module a torch.compile wrapper ``model`` wraps)."""
+    return (model._orig_mod if _compiled_wrapper(model) else model) in _active
