@@ -551,6 +551,19 @@ def test_trace_and_pilot_with_path_none_override_the_environment(tmp_path: Any, 
         model(PROMPT[:, :2])
     assert (rec.trace_enabled, rec.pilot_offset()) == (True, 1)
     assert [len(row) for row in json.loads(path.read_text())["pred"]] == [0, 4, 4]
+    # A probe without the trace is warned about as each setting was made.
+    scored = ": the predictions can never be scored (pilot recall compares them with the trace); "
+    with pytest.warns(RuntimeWarning) as caught:
+        with capture(model, trace=False):
+            pass
+    assert [str(w.message) for w in caught] == ["TURBOSPARK_PILOT_PROBE is set but trace=False" + scored + "pass trace=True"]
+    monkeypatch.delenv("TURBOSPARK_ROUTER_TRACE")
+    with pytest.warns(RuntimeWarning) as caught:
+        with capture(model, pilot="next"):
+            pass
+    assert [str(w.message) for w in caught] == [
+        "pilot='next' with TURBOSPARK_ROUTER_TRACE unset" + scored + "set TURBOSPARK_ROUTER_TRACE=1 or pass trace=True"]
+    monkeypatch.setenv("TURBOSPARK_ROUTER_TRACE", "1")
     monkeypatch.delenv("TURBOSPARK_PILOT_PROBE")
     with capture(model, trace=False) as rec:  # trace off although TURBOSPARK_ROUTER_TRACE is set
         model(PROMPT[:, :2])

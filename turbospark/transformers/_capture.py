@@ -391,8 +391,9 @@ def capture(
     if trace is not None and not isinstance(trace, bool):
         raise ValueError(f"trace must be None, True or False, got {trace!r}")
     wrapper = None
-    if _compiled_wrapper(model):
-        wrapper, model = model, model._orig_mod
+    inner = _compiled_inner(model)
+    if inner is not None:
+        wrapper, model = model, inner
     if model in _active:
         raise RuntimeError(f"a capture is already running on this {type(model).__name__}")
     if path is None and not os.environ.get(_env.HIST):
@@ -408,7 +409,8 @@ def capture(
             config, trace=config.trace if trace is None else trace, pilot=config.pilot if pilot is None else pilot
         )
         probe = _plan_probe(routing, config.pilot)
-        recorder = ModelRecorder.from_config(config, *sizes)
+        given = frozenset(name for name, value in (("trace", trace), ("pilot", pilot)) if value is not None)
+        recorder = ModelRecorder.from_config(config, *sizes, given=given)
     else:
         probe = _plan_probe(routing, pilot)
         recorder = ModelRecorder(path, *sizes, trace=bool(trace), pilot=pilot)
@@ -457,13 +459,15 @@ def _assisted_refusal(mode: Any, config: Any, mode_kwargs: dict) -> str:
     )
 
 
-def _compiled_wrapper(model: Any) -> bool:
-    """Whether ``model`` is the ``OptimizedModule`` torch.compile returns for a module."""
+def _compiled_inner(model: Any) -> Optional[nn.Module]:
+    """The module a torch.compile wrapper (``OptimizedModule``) ``model`` holds; None for anything else."""
     # Not imported: nothing was compiled (importing dynamo here would cost a second).
     kind = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
-    return kind is not None and isinstance(model, kind) and isinstance(getattr(model, "_orig_mod", None), nn.Module)
+    inner = getattr(model, "_orig_mod", None) if kind is not None and isinstance(model, kind) else None
+    return inner if isinstance(inner, nn.Module) else None
 
 
 def is_capturing(model: nn.Module) -> bool:
     """True while a ``capture`` runs on ``model`` (or on the module a torch.compile wrapper ``model`` wraps)."""
-    return (model._orig_mod if _compiled_wrapper(model) else model) in _active
+    inner = _compiled_inner(model)
+    return (model if inner is None else inner) in _active
