@@ -741,3 +741,27 @@ def test_routers_that_stay_silent_are_refused_loudly(tmp_path: Any) -> None:
             with torch.no_grad():
                 model(PROMPT)
         assert str(caught.value) == message.format("a forward call of MixtralForCausalLM")
+
+
+def test_a_probe_norm_that_does_not_feed_the_router_is_refused_on_the_first_call(tmp_path: Any) -> None:
+    import transformers as hf
+
+    from hf_models import COMMON
+
+    # FlexOlmo normalises after attention (post_attention_layernorm on the attention output) and feeds its
+    # MoE block the raw residual: the probe has no pre-MoE norm to run.
+    torch.manual_seed(0)
+    model = hf.FlexOlmoForCausalLM(hf.FlexOlmoConfig(**COMMON, num_experts=8, num_experts_per_tok=2)).eval()
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="self"):
+        with pytest.raises(RuntimeError) as caught:
+            model(PROMPT)
+    assert str(caught.value) == (
+        "the pilot probe cannot predict layer 0 exactly: its post_attention_layernorm (FlexOlmoRMSNorm) does not "
+        "produce the input of its router (model.layers.0.mlp.gate), so the probe would route the wrong activations; "
+        "capture without pilot=")
+    # Without the probe the same model records exactly.
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3,
+                             do_sample=False)
+    assert verify(model, path, out, torch.ones_like(PROMPT)).ok

@@ -82,6 +82,8 @@ class _ProbePlan:
 
     links: tuple[tuple[nn.Module, RouterSite, nn.Module], ...]
     distances: tuple[int, ...]
+    # Every routed layer whose norm the probe uses: (site, norm attribute name, norm).
+    norms: tuple[tuple[RouterSite, str, nn.Module], ...]
 
 
 def _plan_probe(routing: Routing, pilot: Optional[str]) -> Optional[_ProbePlan]:
@@ -92,12 +94,16 @@ def _plan_probe(routing: Routing, pilot: Optional[str]) -> Optional[_ProbePlan]:
     pairs = [(site, site) for site in sites] if pilot == "self" else list(zip(sites, sites[1:]))
     distances = [0] * len(layers)
     links = []
+    norms: dict[int, tuple[RouterSite, str, nn.Module]] = {}
     for source, target in pairs:
         source_norm = pre_moe_norm(layers[source.layer], source.layer)
         target_norm = pre_moe_norm(layers[target.layer], target.layer)
         distances[target.layer] = target.layer - source.layer
         links.append((source_norm, target, target_norm))
-    return _ProbePlan(tuple(links), tuple(distances))
+        for site, norm in ((source, source_norm), (target, target_norm)):
+            name = next(n for n in NORM_NAMES if getattr(layers[site.layer], n, None) is norm)
+            norms[site.layer] = (site, name, norm)
+    return _ProbePlan(tuple(links), tuple(distances), tuple(norms[layer] for layer in sorted(norms)))
 
 
 class _Session:
@@ -146,6 +152,8 @@ class _Session:
         for site in self.routing.sites:
             self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
         if self.probe is not None:
+            for site, name, norm in self.probe.norms:
+                self._check_wiring(site, name, norm)
             for source_norm, target, target_norm in self.probe.links:
                 self.handles.append(source_norm.register_forward_pre_hook(self._probe_hook(target, target_norm)))
             if self.pilot == "next":
@@ -156,6 +164,38 @@ class _Session:
             self._patch("_get_stopping_criteria", self._wrap_criteria(self.model._get_stopping_criteria))
             if hasattr(self.model, "_validate_generation_mode"):
                 self._patch("_validate_generation_mode", self._wrap_mode_check(self.model._validate_generation_mode))
+
+    def _check_wiring(self, site: RouterSite, name: str, norm: nn.Module) -> None:
+        """On the first call, the norm the probe uses must produce exactly its router's input.
+
+        A layer that normalises elsewhere (a post-norm on the attention
+        output, a MoE block fed the raw residual) would have the probe predict
+        from the wrong activations, silently.
+        """
+        seen: dict[str, torch.Tensor] = {}
+
+        def keep(module: nn.Module, args: tuple, output: Any) -> None:
+            seen["output"] = output
+
+        def check(module: nn.Module, args: tuple, output: Any) -> None:
+            produced = seen.pop("output", None)
+            for handle in handles:
+                handle.remove()
+            given = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if (
+                not isinstance(produced, torch.Tensor)
+                or given is None
+                or produced.numel() != given.numel()
+                or not torch.equal(produced.reshape(given.shape), given)
+            ):
+                raise RuntimeError(
+                    f"the pilot probe cannot predict layer {site.layer} exactly: its {name} "
+                    f"({type(norm).__name__}) does not produce the input of its router ({site.name}), so the "
+                    "probe would route the wrong activations; capture without pilot="
+                )
+
+        handles = [norm.register_forward_hook(keep), site.router.register_forward_hook(check)]
+        self.handles.extend(handles)
 
     def _patch(self, name: str, replacement: Any, module: Optional[nn.Module] = None) -> None:
         # The instance's own attribute (a user's override), if any, is put back by remove().
@@ -384,7 +424,14 @@ def capture(
     pre-MoE norm, ``RuntimeError`` when a capture is already running on the
     model. Inside the block, a ``generate`` call in assisted mode
     (``assistant_model=``, ``prompt_lookup_num_tokens=``, ...) raises
-    ``ValueError`` naming the setting before the model runs.
+    ``ValueError`` naming the setting before the model runs; with the probe
+    on, the first forward call raises ``RuntimeError`` when a norm the probe
+    uses does not produce exactly its router's input; any ``generate`` or
+    forward call whose routers did not all run raises ``RuntimeError``.
+
+    ``model`` may be the wrapper ``torch.compile`` returns (the module it
+    wraps is recorded); for the block, compiled calls of the model run the
+    eager code they compiled (this module's docstring says why).
     """
     if pilot not in _PILOTS:
         raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
