@@ -1,7 +1,7 @@
 """Tiny random-weight transformers MoE models, built from config classes (nothing is downloaded).
 
-``build(name)`` returns (model, router class name) for the architectures the
-suite verifies; every model has 3 decoder layers, 8 experts (16 for the
+``build(name)`` returns the model for each architecture the suite verifies;
+every model has 3 decoder layers, 8 experts (16 for the
 group-limited ones), top-2, and token ids 0 (pad), 1 (bos), 2 (eos) inside a
 64-token vocabulary.
 """
@@ -66,6 +66,17 @@ ARCHITECTURES: dict[str, tuple[Any, Any, dict[str, Any], list[int], int, int]] =
              moe_intermediate_size=16, head_dim=8),
         [1, 2],
         16,
+        2,
+    ),
+    # Hybrid: layers 0 and 2 Mamba, layer 1 attention, every layer routed;
+    # its pre-MoE norm is called pre_ff_layernorm.
+    "jamba": (
+        hf.JambaConfig,
+        hf.JambaForCausalLM,
+        dict(num_experts=8, num_experts_per_tok=2, expert_layer_period=1, expert_layer_offset=0, attn_layer_period=2,
+             attn_layer_offset=1, mamba_d_state=4, mamba_d_conv=2, mamba_expand=2, mamba_dt_rank=4),
+        [0, 1, 2],
+        8,
         2,
     ),
 }

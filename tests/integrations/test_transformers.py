@@ -35,6 +35,7 @@ ROUTER_CLASS = {
     "gpt_oss": "GptOssTopKRouter",
     "granitemoe": "GraniteMoeTopKRouter",
     "glm4_moe": "Glm4MoeTopkRouter",
+    "jamba": "JambaTopKRouter",
 }
 NAMES = sorted(ARCHITECTURES)
 PROMPT = torch.tensor([[1, 5, 9, 13, 7, 22]])
@@ -273,8 +274,8 @@ def test_bad_arguments_are_refused_before_anything_is_installed(tmp_path: Any) -
     with pytest.raises(ValueError, match=r"pilot must be None, 'next' or 'self', got 'ahead'"):
         with capture(model, tmp_path / "c.json", pilot="ahead"):
             pass
-    with pytest.raises(ValueError, match=r"with path=None the environment decides .* got trace=True, pilot=None"):
-        with capture(model, trace=True):
+    with pytest.raises(ValueError, match=r"^trace must be None, True or False, got 'yes'$"):
+        with capture(model, tmp_path / "c.json", trace="yes"):  # type: ignore[arg-type]
             pass
     with capture(model, tmp_path / "c.json"):
         with pytest.raises(RuntimeError, match="a capture is already running on this MixtralForCausalLM"):
@@ -412,3 +413,355 @@ def test_a_configuration_warning_points_at_the_users_line(tmp_path: Any) -> None
         ("pilot='next' with trace=False: the predictions can never be scored (pilot recall compares them with "
          "the trace); pass trace=True", __file__)
     ]
+
+
+NO_NORM = ("the pilot probe needs the pre-MoE norm of decoder layer 1 (MixtralDecoderLayer); it has none of "
+           "pre_feedforward_layernorm, pre_ff_layernorm, ffn_norm, post_attention_layernorm")
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_a_refused_probe_writes_nothing_and_leaves_an_existing_file_alone(
+    tmp_path: Any, monkeypatch: Any, capfd: Any, from_env: bool
+) -> None:
+    from turbospark.transformers import is_capturing
+
+    model = build("mixtral")
+    layer = model.model.layers[1]
+    layer.odd_norm = layer.post_attention_layernorm  # a norm under a name the probe does not know
+    del layer.post_attention_layernorm
+    path = tmp_path / "c.json"
+    path.write_text("an earlier capture")
+    before = _hooks(model)
+    if from_env:
+        monkeypatch.setenv("TURBOSPARK_ROUTER_HIST", str(path))
+        monkeypatch.setenv("TURBOSPARK_ROUTER_TRACE", "1")
+        monkeypatch.setenv("TURBOSPARK_PILOT_PROBE", "next")
+    capfd.readouterr()
+    with pytest.raises(ValueError) as caught:
+        with capture(model) if from_env else capture(model, path, trace=True, pilot="next"):
+            raise AssertionError("the block must not run")
+    assert str(caught.value) == NO_NORM
+    assert path.read_text() == "an earlier capture" and sorted(os.listdir(tmp_path)) == ["c.json"]
+    assert capfd.readouterr().err == ""
+    assert _hooks(model) == before and "generate" not in model.__dict__ and not is_capturing(model)
+
+
+def test_jamba_next_probe_predicts_from_its_pre_ff_layernorm(tmp_path: Any) -> None:
+    model = build("jamba")  # Mamba, attention, Mamba; all routed
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="next"):
+        model(PROMPT[:, :3])
+    doc = json.loads(path.read_text())
+    assert "pilot_distance" not in doc and [len(row) for row in doc["pred"]] == [0, 6, 6]
+    residual = {}
+    handles = [model.model.layers[i].pre_ff_layernorm.register_forward_pre_hook(
+        lambda m, a, i=i: residual.setdefault(i, a[0])) for i in (0, 1)]
+    with torch.no_grad():
+        model(PROMPT[:, :3])
+    for handle in handles:
+        handle.remove()
+    for source in (0, 1):
+        target = model.model.layers[source + 1]
+        with torch.no_grad():
+            _, _, ids = target.feed_forward.router(target.pre_ff_layernorm(residual[source]).reshape(-1, 32))
+        assert doc["pred"][source + 1] == ids.reshape(-1).tolist()
+
+
+def test_an_instance_generate_override_is_followed_and_put_back(tmp_path: Any) -> None:
+    model = build("mixtral")
+    calls = []
+
+    def my_generate(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["max_new_tokens"])
+        return type(model).generate(model, *args, **kwargs)
+
+    model.generate = my_generate
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True):
+        assert model.generate is not my_generate
+        out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=4,
+                             min_new_tokens=4, do_sample=False)
+    assert model.__dict__["generate"] is my_generate and calls == [4]
+    assert not {"_prefill", "_get_stopping_criteria", "_validate_generation_mode"} & set(model.__dict__)
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes) == (True, 9)
+    # A second capture wraps the same override again and puts it back again.
+    with capture(model, tmp_path / "d.json"):
+        model.generate(input_ids=PROMPT, max_new_tokens=2, min_new_tokens=2, do_sample=False)
+    assert model.__dict__["generate"] is my_generate and calls == [4, 2]
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_reads_inside_the_block_show_every_row_recorded_so_far(tmp_path: Any, monkeypatch: Any, device_path: bool) -> None:
+    from turbospark.transformers import _sink
+
+    if device_path:
+        monkeypatch.setattr(_sink, "uses_device_path", lambda device: True)
+    model = build("mixtral")
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="next") as rec:
+        model(PROMPT)
+        assert rec.passes.tolist() == [6, 6, 6]
+        assert rec.counts.sum(axis=1).tolist() == [12, 12, 12]
+        assert [rec.trace(i).shape for i in range(3)] == [(6, 2)] * 3
+        assert [rec.predictions(i).shape for i in range(3)] == [(0, 2), (6, 2), (6, 2)]
+        model(PROMPT[:, :2])
+        assert rec.passes.tolist() == [8, 8, 8]
+        inside = ([rec.trace(i) for i in range(3)], rec.counts.copy())
+    cap = turbospark.load(path)
+    for layer in range(3):
+        np.testing.assert_array_equal(inside[0][layer], cap.trace[layer])
+    np.testing.assert_array_equal(inside[1], cap.counts)
+    # After the block the reads still hold everything.
+    assert rec.passes.tolist() == [8, 8, 8]
+
+
+def test_counts_only_reads_show_the_device_counts(tmp_path: Any, monkeypatch: Any) -> None:
+    from turbospark.transformers import _sink
+
+    monkeypatch.setattr(_sink, "uses_device_path", lambda device: True)
+    model = build("mixtral")
+    with capture(model, tmp_path / "c.json") as rec:
+        model(PROMPT)
+        assert rec.passes.tolist() == [6, 6, 6]
+        assert rec.counts.sum(axis=1).tolist() == [12, 12, 12]
+    np.testing.assert_array_equal(rec.counts, turbospark.load(tmp_path / "c.json").counts)
+
+
+def test_trace_and_pilot_with_path_none_override_the_environment(tmp_path: Any, monkeypatch: Any, capfd: Any) -> None:
+    model = build("mixtral")
+    monkeypatch.chdir(tmp_path)
+    for name in ("TURBOSPARK_ROUTER_HIST", "TURBOSPARK_ROUTER_TRACE", "TURBOSPARK_PILOT_PROBE"):
+        monkeypatch.delenv(name, raising=False)
+    before = _hooks(model)
+    # Environment off: the keywords change nothing, nothing is installed or written.
+    with capture(model, trace=True, pilot="next") as rec:
+        assert rec is None and _hooks(model) == before and "generate" not in model.__dict__
+        model(PROMPT)
+    assert os.listdir(tmp_path) == [] and capfd.readouterr().err == ""
+    path = tmp_path / "env.json"
+    monkeypatch.setenv("TURBOSPARK_ROUTER_HIST", str(path))
+    with capture(model, trace=True) as rec:  # the trace although TURBOSPARK_ROUTER_TRACE is unset
+        model(PROMPT[:, :2])
+    assert (rec.trace_enabled, rec.pilot_enabled(), rec.path) == (True, False, str(path))
+    assert list(json.loads(path.read_text())) == ["num_layers", "num_experts", "top_k", "counts", "trace", "seq", "phase"]
+    monkeypatch.setenv("TURBOSPARK_ROUTER_TRACE", "1")
+    monkeypatch.setenv("TURBOSPARK_PILOT_PROBE", "self")
+    with capture(model, pilot="next") as rec:  # pilot overridden, trace from the environment
+        model(PROMPT[:, :2])
+    assert (rec.trace_enabled, rec.pilot_offset()) == (True, 1)
+    assert [len(row) for row in json.loads(path.read_text())["pred"]] == [0, 4, 4]
+    # A probe without the trace is warned about as each setting was made.
+    scored = ": the predictions can never be scored (pilot recall compares them with the trace); "
+    with pytest.warns(RuntimeWarning) as caught:
+        with capture(model, trace=False):
+            pass
+    assert [str(w.message) for w in caught] == ["TURBOSPARK_PILOT_PROBE is set but trace=False" + scored + "pass trace=True"]
+    monkeypatch.delenv("TURBOSPARK_ROUTER_TRACE")
+    with pytest.warns(RuntimeWarning) as caught:
+        with capture(model, pilot="next"):
+            pass
+    assert [str(w.message) for w in caught] == [
+        "pilot='next' with TURBOSPARK_ROUTER_TRACE unset" + scored + "set TURBOSPARK_ROUTER_TRACE=1 or pass trace=True"]
+    monkeypatch.setenv("TURBOSPARK_ROUTER_TRACE", "1")
+    monkeypatch.delenv("TURBOSPARK_PILOT_PROBE")
+    with capture(model, trace=False) as rec:  # trace off although TURBOSPARK_ROUTER_TRACE is set
+        model(PROMPT[:, :2])
+    assert (rec.trace_enabled, rec.pilot_enabled()) == (False, False)
+    assert list(json.loads(path.read_text())) == ["num_layers", "num_experts", "top_k", "counts", "seq", "phase"]
+
+
+class _StopRow:
+    """A stopping criterion: finishes batch row ``row`` once it has ``after`` generated tokens."""
+
+    def __init__(self, prompt: int, row: int, after: int) -> None:
+        self.prompt, self.row, self.after = prompt, row, after
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        done[self.row] = input_ids.shape[1] - self.prompt >= self.after
+        return done
+
+
+def test_verify_follows_a_stopping_criterion(tmp_path: Any) -> None:
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+    class StopRow(_StopRow, StoppingCriteria):
+        pass
+
+    model = build("mixtral")
+    ids, mask, lengths = _batch("mixtral")
+    path = tmp_path / "c.json"
+    criteria = StoppingCriteriaList([StopRow(ids.shape[1], 1, 2)])
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                             stopping_criteria=criteria)
+    # Row 1 stopped at its 2nd generated token (padding after it): 1 decode pass, the others 5.
+    assert out[1, ids.shape[1] + 2:].tolist() == [0] * 4
+    cap = turbospark.load(path)
+    assert cap.seq[0].tolist()[sum(lengths):] == [0, 1, 2, 3] + [0, 2, 3] * 4
+    result = verify(model, path, out, mask, stopping_criteria=criteria)
+    assert (result.ok, result.passes, result.problems) == (True, sum(lengths) + 16, ())
+    wrong = verify(model, path, out, mask)
+    assert not wrong.ok and wrong.problems[-1] == (
+        "sequence(s) [1] end in padding (token 0) with no EOS: if generate stopped them with a StoppingCriteria or "
+        "stop strings, pass the same stopping_criteria=, or stop_strings= and tokenizer=, to verify")
+
+
+def _full_tokenizer() -> Any:
+    """A word-level tokenizer over all 64 ids: 0-3 special, 4 "abcdef", then w05x ... w63x, decoded without spaces.
+
+    (StopStringCriteria reads each token's string after the prefix "abcdef";
+    no token string ends another's, so a stop string matches one token.)
+    """
+    import transformers as hf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "<s>": 1, "</s>": 2, "[UNK]": 3, "abcdef": 4, **{f"w{i:02d}x": i for i in range(5, 64)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    core.decoder = decoders.Fuse()
+    return hf.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", bos_token="<s>", eos_token="</s>",
+                                      unk_token="[UNK]")
+
+
+def test_verify_follows_stop_strings(tmp_path: Any) -> None:
+    model = build("mixtral")
+    ids, mask, lengths = _batch("mixtral")
+    free = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    # The token row 2 generates third stops it (and any row generating it earlier).
+    token = int(free[2, ids.shape[1] + 2])
+    assert token >= 5
+    tokenizer = _full_tokenizer()
+    stop = f"w{token:02d}x"
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                             stop_strings=[stop], tokenizer=tokenizer)
+    generated = out[:, ids.shape[1]:].tolist()
+    fed = [row.index(token) if token in row else 5 for row in generated]
+    assert fed[2] <= 2 and max(fed) == 5, fed
+    result = verify(model, path, out, mask, stop_strings=[stop], tokenizer=tokenizer)
+    assert (result.ok, result.passes, result.problems) == (True, sum(lengths) + sum(fed), ())
+    assert not verify(model, path, out, mask).ok
+    with pytest.raises(ValueError, match=r"^stop_strings=\['w\d\dx'\] needs the tokenizer generate was given: pass tokenizer=$"):
+        verify(model, path, out, mask, stop_strings=[stop])
+
+
+ASSISTED = ("capture() cannot record assisted generation ({}): the model verifies blocks of candidate tokens per step, "
+            "which the capture would record as one decode token; generate without it inside capture()")
+
+
+def test_assisted_generation_is_refused_naming_the_argument(tmp_path: Any) -> None:
+    model = build("mixtral")
+    path = tmp_path / "c.json"
+    kwargs = dict(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    with capture(model, path, trace=True) as rec:
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, prompt_lookup_num_tokens=3)
+        assert str(caught.value) == ASSISTED.format("prompt_lookup_num_tokens=3")
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, assistant_model=build("mixtral", seed=1))
+        assert str(caught.value) == ASSISTED.format("assistant_model=MixtralForCausalLM")
+        model.generation_config.prompt_lookup_num_tokens = 2  # a default set on the model counts too
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs)
+        assert str(caught.value) == ASSISTED.format("prompt_lookup_num_tokens=2")
+        model.generation_config.prompt_lookup_num_tokens = None
+        # Refused before the model ran: nothing recorded; a plain generate still records exactly.
+        assert rec.passes.tolist() == [0, 0, 0]
+        out = model.generate(**kwargs)
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes) == (True, 9)
+    # Outside a capture, assisted generation is the model's business.
+    model.generate(**kwargs, prompt_lookup_num_tokens=3)
+
+
+def _compiled(model: Any, how: str) -> Any:
+    """``model`` compiled (eager backend: dynamo's tracing without inductor), as a user would: returns what to call."""
+    if how == "wrapper":
+        return torch.compile(model, backend="eager")
+    if how == "method":
+        model.compile(backend="eager")
+    else:
+        model.forward = torch.compile(model.forward, backend="eager")
+    return model
+
+
+@pytest.mark.parametrize("how", ["wrapper", "method", "forward"])
+def test_a_model_compiled_and_warmed_up_before_capture_is_recorded_exactly(tmp_path: Any, how: str) -> None:
+    from turbospark.transformers import is_capturing
+
+    ids, mask, _ = _batch("mixtral")
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, eos_token_id=[7, 9, 11])
+
+    def run(target: Any, model: Any, path: Any) -> bytes:
+        with capture(target, path, trace=True, pilot="next"):
+            assert is_capturing(target) and is_capturing(model)
+            target.generate(**kwargs)
+            with torch.no_grad():
+                target(input_ids=ids, attention_mask=mask, position_ids=positions)
+        return path.read_bytes()
+
+    plain = build("mixtral")
+    eager = run(plain, plain, tmp_path / "eager.json")
+    model = build("mixtral")
+    target = _compiled(model, how)
+    # Warm: the compiled graphs exist before the capture's hooks do.
+    target.generate(**kwargs)
+    with torch.no_grad():
+        target(input_ids=ids, attention_mask=mask, position_ids=positions)
+    holder = target if how == "wrapper" else model
+    name = "_compiled_call_impl" if how == "method" else "forward"
+    compiled_call = holder.__dict__[name]
+    assert run(target, model, tmp_path / "compiled.json") == eager
+    # The compiled call is put back, and is the one that runs again.
+    assert holder.__dict__[name] is compiled_call and not is_capturing(target)
+
+
+def test_routers_that_stay_silent_are_refused_loudly(tmp_path: Any) -> None:
+    model = build("mixtral")
+    mlp = model.model.layers[0].mlp
+    compiled = torch.compile(mlp.forward, backend="eager")
+    # Hidden behind a plain function, so capture cannot set it back to eager.
+    mlp.forward = lambda hidden: compiled(hidden)
+    kwargs = dict(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    model.generate(**kwargs)
+    with torch.no_grad():
+        model(PROMPT)
+    message = ("capture() recorded nothing of layer(s) [0] during {}: their routers' hooks did not run, as when a graph "
+               "torch.compile built before capture() runs the model (dynamo does not guard on hooks); capture the model "
+               "uncompiled")
+    with capture(model, tmp_path / "c.json", trace=True):
+        with pytest.raises(RuntimeError) as caught:
+            model.generate(**kwargs)
+        assert str(caught.value) == message.format("generate()")
+        with pytest.raises(RuntimeError) as caught:
+            with torch.no_grad():
+                model(PROMPT)
+        assert str(caught.value) == message.format("a forward call of MixtralForCausalLM")
+
+
+def test_a_probe_norm_that_does_not_feed_the_router_is_refused_on_the_first_call(tmp_path: Any) -> None:
+    import transformers as hf
+
+    from hf_models import COMMON
+
+    # FlexOlmo normalises after attention (post_attention_layernorm on the attention output) and feeds its
+    # MoE block the raw residual: the probe has no pre-MoE norm to run.
+    torch.manual_seed(0)
+    model = hf.FlexOlmoForCausalLM(hf.FlexOlmoConfig(**COMMON, num_experts=8, num_experts_per_tok=2)).eval()
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True, pilot="self"):
+        with pytest.raises(RuntimeError) as caught:
+            model(PROMPT)
+    assert str(caught.value) == (
+        "the pilot probe cannot predict layer 0 exactly: its post_attention_layernorm (FlexOlmoRMSNorm) does not "
+        "produce the input of its router (model.layers.0.mlp.gate), so the probe would route the wrong activations; "
+        "capture without pilot=")
+    # Without the probe the same model records exactly.
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3,
+                             do_sample=False)
+    assert verify(model, path, out, torch.ones_like(PROMPT)).ok

@@ -69,6 +69,16 @@ def _useless(layers: int, experts: int, top_k: int, *, from_env: bool) -> list[s
     return problems
 
 
+def _pilot_without_trace(pilot: str, given: frozenset[str]) -> str:
+    """The warning for a probe whose predictions can never be scored, naming each setting as it was made."""
+    if "pilot" in given:
+        what = f"pilot={pilot!r} with " + ("trace=False" if "trace" in given else f"{_env.TRACE} unset")
+    else:
+        what = f"{_env.PILOT} is set but " + ("trace=False" if "trace" in given else f"{_env.TRACE} is not")
+    fix = "pass trace=True" if "trace" in given else f"set {_env.TRACE}=1" + (" or pass trace=True" if given else "")
+    return what + ": the predictions can never be scored (pilot recall compares them with the trace); " + fix
+
+
 if TYPE_CHECKING:
     # The declared core/facade contract: for type checkers the facade extends
     # the compiled core's stub (_recorder.pyi, which _backend checks against
@@ -110,11 +120,14 @@ class _Facade(_CoreBase):
         router_logits: Optional[tuple[int, int]],
         *,
         from_env: bool,
+        given: frozenset[str] = frozenset(),
     ) -> None:
         """Check the configuration and start recording.
 
         With ``from_env`` (the lenient path), a bad destination, zero layers
-        and ``top_k > num_experts`` are warnings instead of errors.
+        and ``top_k > num_experts`` are warnings instead of errors. ``given``:
+        which of ``"trace"`` and ``"pilot"`` came from code rather than the
+        environment (only for what a warning calls them).
         """
         text = _path_text(path)
         layers = _whole("num_layers", num_layers, 0, _MAX_SIZE)
@@ -129,11 +142,7 @@ class _Facade(_CoreBase):
             else:
                 raise ValueError(problem)
         if pilot is not None and not trace:
-            warn_caller(
-                (f"{_env.PILOT} is set but {_env.TRACE} is not" if from_env else f"pilot={pilot!r} with trace=False")
-                + ": the predictions can never be scored (pilot recall compares them with the trace); "
-                + (f"set {_env.TRACE}=1" if from_env else "pass trace=True")
-            )
+            warn_caller(_pilot_without_trace(pilot, given if from_env else frozenset({"trace", "pilot"})))
         # {rank} and {pid} may name the directory too: check where the write will go.
         path = _paths.per_process(text)
         try:
@@ -176,6 +185,26 @@ class _Facade(_CoreBase):
             return None
         config = _env.config_from_env(num_layers)
         assert config is not None
+        return cls.from_config(config, num_layers, num_experts, top_k)
+
+    @classmethod
+    def from_config(
+        cls: type[_Self],
+        config: _env.EnvConfig,
+        num_layers: int,
+        num_experts: int,
+        top_k: int = 0,
+        *,
+        given: frozenset[str] = frozenset(),
+    ) -> _Self:
+        """A recorder for an environment configuration (``_env.config_from_env``, perhaps with fields replaced).
+
+        As lenient as ``from_env`` (warnings, not errors, for what an
+        environment setting may get wrong); for integrations that must know
+        the configuration before the recorder exists. ``given`` names the
+        fields (``"trace"``, ``"pilot"``) the caller replaced, so a warning
+        names them as the caller set them.
+        """
         recorder = cls.__new__(cls)
         recorder._start(
             config.path,
@@ -186,6 +215,7 @@ class _Facade(_CoreBase):
             config.pilot,
             config.router_logits,
             from_env=True,
+            given=given,
         )
         return recorder
 

@@ -10,30 +10,54 @@ Hooks, and what each one knows:
 - with the pilot probe, a pre-hook on the pre-MoE norm of each routed layer
   takes that layer's post-attention residual and runs the target layer's norm
   and router on it through their ``forward`` methods, which fire no hooks.
-``generate`` is followed through two of the model's own methods, replaced on
-the instance for the duration: ``_prefill`` (the calls inside it are prompt
-tokens) and ``_get_stopping_criteria`` (its result is wrapped so the capture
-sees which sequences each step finishes).
+``generate`` is followed through the model's own methods, replaced on the
+instance for the duration (an override the user set on the instance is
+wrapped, and put back on exit): ``_prefill`` (the calls inside it are prompt
+tokens), ``_get_stopping_criteria`` (its result is wrapped so the capture
+sees which sequences each step finishes) and ``_validate_generation_mode``
+(assisted generation is refused before the model runs: its candidate
+tokens are routed in blocks the decode-step rules cannot follow).
+
+Everything that can refuse the capture (the model's routers, the probe's
+norms, the arguments) is resolved before the recorder exists, so a refused
+capture never writes, or overwrites, a file.
+
+torch.compile: a graph compiled before the hooks were added never runs them
+(dynamo does not guard on hooks), so a capture would silently record
+nothing. ``capture(torch.compile(model))`` records the module it wraps, and
+for the capture's duration every compiled call of the model and its
+submodules (the wrapper's forward, ``module.compile()``, a forward replaced
+by ``torch.compile(module.forward)``) is set back to the eager one it
+compiled; after every ``generate`` and forward call the capture checks that
+each router's hook ran, and raises ``RuntimeError`` naming the silent layers
+if one did not.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import sys
 import weakref
 from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import nn
 
+from turbospark.recording import _env
 from turbospark.transformers._model_recorder import ModelRecorder
 from turbospark.transformers._routers import RouterSite, Routing, find_routing
 from turbospark.transformers._sink import Sink
 
 __all__ = ["capture", "pre_moe_norm"]
 
-# Decoder-layer attributes that hold the norm applied right before the MoE block.
-NORM_NAMES = ("post_attention_layernorm", "pre_feedforward_layernorm", "ffn_norm")
+# Decoder-layer attributes that hold the norm applied right before the MoE
+# block, most specific first: a layer with both a pre_feedforward_layernorm and
+# a post_attention_layernorm (Gemma-style) applies the latter to the attention
+# output, before the residual add. Jamba calls its own pre_ff_layernorm.
+NORM_NAMES = ("pre_feedforward_layernorm", "pre_ff_layernorm", "ffn_norm", "post_attention_layernorm")
+_MISSING = object()
 _PILOTS = (None, "next", "self")
 # Models with a capture in progress: a second capture or a verify on them
 # would see the first one's hooks fire.
@@ -52,16 +76,59 @@ def pre_moe_norm(layer: nn.Module, index: int) -> nn.Module:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _ProbePlan:
+    """Where the probe's hooks go: (source norm, target router site, target norm) per predicted layer."""
+
+    links: tuple[tuple[nn.Module, RouterSite, nn.Module], ...]
+    distances: tuple[int, ...]
+    # Every routed layer whose norm the probe uses: (site, norm attribute name, norm).
+    norms: tuple[tuple[RouterSite, str, nn.Module], ...]
+
+
+def _plan_probe(routing: Routing, pilot: Optional[str]) -> Optional[_ProbePlan]:
+    """The probe's wiring for ``pilot`` (None when off); ValueError when a routed layer has no known pre-MoE norm."""
+    if pilot is None:
+        return None
+    sites, layers = routing.sites, routing.layers
+    pairs = [(site, site) for site in sites] if pilot == "self" else list(zip(sites, sites[1:]))
+    distances = [0] * len(layers)
+    links = []
+    norms: dict[int, tuple[RouterSite, str, nn.Module]] = {}
+    for source, target in pairs:
+        source_norm = pre_moe_norm(layers[source.layer], source.layer)
+        target_norm = pre_moe_norm(layers[target.layer], target.layer)
+        distances[target.layer] = target.layer - source.layer
+        links.append((source_norm, target, target_norm))
+        for site, norm in ((source, source_norm), (target, target_norm)):
+            name = next(n for n in NORM_NAMES if getattr(layers[site.layer], n, None) is norm)
+            norms[site.layer] = (site, name, norm)
+    return _ProbePlan(tuple(links), tuple(distances), tuple(norms[layer] for layer in sorted(norms)))
+
+
 class _Session:
     """The per-call state the hooks share, and the hooks themselves."""
 
-    def __init__(self, model: nn.Module, routing: Routing, recorder: ModelRecorder, pilot: Optional[str]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        routing: Routing,
+        recorder: ModelRecorder,
+        probe: Optional[_ProbePlan],
+        wrapper: Optional[nn.Module] = None,
+    ) -> None:
         self.model = model
+        self.wrapper = wrapper  # the torch.compile wrapper capture() was given, if any
         self.routing = routing
         self.sink = Sink(recorder, _device(routing), routing.top_k)
-        self.pilot = pilot if self.sink.predicting else None
+        self.probe = probe if self.sink.predicting else None
+        self.pilot = None if self.probe is None else ("self" if recorder.pilot_offset() == 0 else "next")
         self.handles: list[Any] = []
-        self.patched: list[str] = []
+        # (module, name, what the instance held before: _MISSING when nothing), in patching order.
+        self.patched: list[tuple[nn.Module, str, Any]] = []
+        # Router hook calls per layer: a call whose routers stayed silent is refused.
+        self.fired = [0] * len(routing.layers)
+        self._fired_at_call: Optional[list[int]] = None
         # Per forward call: which rows to keep (None: all), their sequence ids, the phase.
         self.mask: Optional[torch.Tensor] = None
         self.seq: Optional[torch.Tensor] = None
@@ -79,51 +146,107 @@ class _Session:
     # ------------------------------------------------------------ installing
 
     def install(self) -> None:
+        self._run_eagerly()
         self.handles.append(self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
+        self.handles.append(self.model.register_forward_hook(self._after_model_call))
         for site in self.routing.sites:
             self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
-        if self.pilot is not None:
-            self._install_probe()
+        if self.probe is not None:
+            for site, name, norm in self.probe.norms:
+                self._check_wiring(site, name, norm)
+            for source_norm, target, target_norm in self.probe.links:
+                self.handles.append(source_norm.register_forward_pre_hook(self._probe_hook(target, target_norm)))
+            if self.pilot == "next":
+                self.sink.recorder.pilot_distances = self.probe.distances
         if all(hasattr(self.model, name) for name in ("generate", "_prefill", "_get_stopping_criteria")):
             self._patch("generate", self._wrap_generate(self.model.generate))
             self._patch("_prefill", self._wrap_prefill(self.model._prefill))
             self._patch("_get_stopping_criteria", self._wrap_criteria(self.model._get_stopping_criteria))
+            if hasattr(self.model, "_validate_generation_mode"):
+                self._patch("_validate_generation_mode", self._wrap_mode_check(self.model._validate_generation_mode))
 
-    def _patch(self, name: str, replacement: Any) -> None:
-        object.__setattr__(self.model, name, replacement)
-        self.patched.append(name)
+    def _check_wiring(self, site: RouterSite, name: str, norm: nn.Module) -> None:
+        """On the first call, the norm the probe uses must produce exactly its router's input.
+
+        A layer that normalises elsewhere (a post-norm on the attention
+        output, a MoE block fed the raw residual) would have the probe predict
+        from the wrong activations, silently.
+        """
+        seen: dict[str, torch.Tensor] = {}
+
+        def keep(module: nn.Module, args: tuple, output: Any) -> None:
+            seen["output"] = output
+
+        def check(module: nn.Module, args: tuple, output: Any) -> None:
+            produced = seen.pop("output", None)
+            for handle in handles:
+                handle.remove()
+            given = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if (
+                not isinstance(produced, torch.Tensor)
+                or given is None
+                or produced.numel() != given.numel()
+                or not torch.equal(produced.reshape(given.shape), given)
+            ):
+                raise RuntimeError(
+                    f"the pilot probe cannot predict layer {site.layer} exactly: its {name} "
+                    f"({type(norm).__name__}) does not produce the input of its router ({site.name}), so the "
+                    "probe would route the wrong activations; capture without pilot="
+                )
+
+        handles = [norm.register_forward_hook(keep), site.router.register_forward_hook(check)]
+        self.handles.extend(handles)
+
+    def _patch(self, name: str, replacement: Any, module: Optional[nn.Module] = None) -> None:
+        # The instance's own attribute (a user's override), if any, is put back by remove().
+        target = self.model if module is None else module
+        self.patched.append((target, name, target.__dict__.get(name, _MISSING)))
+        object.__setattr__(target, name, replacement)
+
+    def _run_eagerly(self) -> None:
+        """Set every compiled call of the model (and of the wrapper) back to the eager one, until remove()."""
+        modules = list(self.model.modules()) + ([self.wrapper] if self.wrapper is not None else [])
+        for module in modules:
+            if module.__dict__.get("_compiled_call_impl") is not None:  # module.compile()
+                self._patch("_compiled_call_impl", None, module)
+            for name in ("forward", "_forward"):  # torch.compile(module.forward); the wrapper's own
+                original = getattr(module.__dict__.get(name), "_torchdynamo_orig_callable", None)
+                if original is not None:
+                    self._patch(name, original, module)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-        for name in self.patched:
-            self.model.__dict__.pop(name, None)
+        for module, name, previous in reversed(self.patched):
+            if previous is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                object.__setattr__(module, name, previous)
         self.patched.clear()
 
-    def _install_probe(self) -> None:
-        sites = self.routing.sites
-        layers = self.routing.layers
-        pairs = [(site, site) for site in sites] if self.pilot == "self" else list(zip(sites, sites[1:]))
-        distances = [0] * len(layers)
-        for source, target in pairs:
-            source_norm = pre_moe_norm(layers[source.layer], source.layer)
-            target_norm = pre_moe_norm(layers[target.layer], target.layer)
-            distances[target.layer] = target.layer - source.layer
-            self.handles.append(source_norm.register_forward_pre_hook(self._probe_hook(target, target_norm)))
-        if self.pilot == "next":
-            self.sink.recorder.pilot_distances = tuple(distances)
+    def _check_fired(self, before: list[int], what: str) -> None:
+        silent = [site.layer for site in self.routing.sites if self.fired[site.layer] == before[site.layer]]
+        if silent:
+            raise RuntimeError(
+                f"capture() recorded nothing of layer(s) {silent} during {what}: their routers' hooks did not run, "
+                "as when a graph torch.compile built before capture() runs the model (dynamo does not guard on "
+                "hooks); capture the model uncompiled"
+            )
 
     # ------------------------------------------------------------ generate
 
     def _wrap_generate(self, generate: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             self.in_generate = True
+            before = list(self.fired)
             try:
-                return generate(*args, **kwargs)
+                result = generate(*args, **kwargs)
             finally:
                 self.in_generate = False
                 self.finished = None
+            self._check_fired(before, "generate()")
+            return result
 
         return wrapped
 
@@ -157,6 +280,19 @@ class _Session:
 
         return wrapped
 
+    def _wrap_mode_check(self, validate: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            # (generation_mode, generation_config, generation_mode_kwargs), as generate passes them.
+            names = ("generation_mode", "generation_config", "generation_mode_kwargs")
+            values = dict(zip(names, args), **kwargs)
+            refusal = _assisted_refusal(values.get("generation_mode"), values.get("generation_config"),
+                                        values.get("generation_mode_kwargs") or {})
+            if refusal:
+                raise ValueError(refusal)
+            return validate(*args, **kwargs)
+
+        return wrapped
+
     # ------------------------------------------------------------ per call
 
     def _on_model_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -164,9 +300,10 @@ class _Session:
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
         if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
-            self.mask, self.seq = None, None
+            self.mask, self.seq, self._fired_at_call = None, None, None
             return
         batch, length = int(tokens.shape[0]), int(tokens.shape[1])
+        self._fired_at_call = list(self.fired) if batch * length and not self.in_generate else None
         if self.in_generate and not self.prefilling:
             self._decode_step(batch, length)
             return
@@ -181,6 +318,12 @@ class _Session:
         flat = None if keep is None else keep.reshape(-1).cpu()
         self.mask = None if flat is None or bool(flat.all()) else flat
         self.seq = self._seq_rows(batch, length)
+
+    def _after_model_call(self, module: nn.Module, args: tuple, output: Any) -> None:
+        # A plain forward call (generate checks once, after it returns).
+        before, self._fired_at_call = self._fired_at_call, None
+        if before is not None:
+            self._check_fired(before, f"a forward call of {type(self.model).__name__}")
 
     def _decode_step(self, batch: int, length: int) -> None:
         """A decode call of generate: only each row's newest token is new, and only for rows not finished.
@@ -223,9 +366,10 @@ class _Session:
         return attention_mask[:, -length:].to(torch.bool)
 
     def _router_hook(self, site: RouterSite) -> Any:
-        sink, layer = self.sink, site.layer
+        sink, layer, fired = self.sink, site.layer, self.fired
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            fired[layer] += 1
             sink.selections(layer, site.ids(output), self.mask, self.seq, self.phase)
 
         return hook
@@ -255,47 +399,80 @@ def capture(
     """Record the routing of a transformers MoE ``model`` while the ``with`` block runs.
 
     ``path``: where the capture is written when the block ends; None lets the
-    environment decide exactly as ``RouterHistogram.from_env`` (nothing is
-    recorded, and no hook installed, when ``TURBOSPARK_ROUTER_HIST`` is
-    unset; trace and probe then come from ``TURBOSPARK_ROUTER_TRACE`` and
-    ``TURBOSPARK_PILOT_PROBE``, so ``trace`` and ``pilot`` must be left None).
-    ``trace``: keep every pass's ids. ``pilot``: None, ``"next"`` (each routed
-    layer predicts the next routed one) or ``"self"`` (the wiring self-test).
+    environment decide the path exactly as ``RouterHistogram.from_env``
+    (nothing is recorded, nothing written and no hook installed when
+    ``TURBOSPARK_ROUTER_HIST`` is unset). ``trace``: keep every pass's ids
+    (None: off, or with ``path=None`` what ``TURBOSPARK_ROUTER_TRACE`` says).
+    ``pilot``: None, ``"next"`` (each routed layer predicts the next routed
+    one) or ``"self"`` (the wiring self-test); with ``path=None``, None
+    follows ``TURBOSPARK_PILOT_PROBE``. A ``trace`` or ``pilot`` given
+    overrides the environment, so ``capture(model, trace=True)`` can stay in
+    a runtime that records only when the environment asks.
 
     Yields the recorder (a ``RouterHistogram``), or None when recording is
     off. Layers are the model's decoder layers (dense ones stay zero rows).
-    On exit, normal or by exception, every hook is removed and the recorder
-    closed (the file written). Raises ``TypeError`` for a model whose routers
-    cannot be found or report no chosen ids (naming its class and what is
-    missing), ``ValueError`` for a bad ``pilot``, for ``trace``/``pilot``
-    given with ``path=None``, or when the probe cannot find a layer's
-    pre-MoE norm, and ``RuntimeError`` when a capture is already running on
-    the model.
+    Reading the recorder's ``counts``, ``passes``, ``trace()`` or
+    ``predictions()`` inside the block shows every row recorded so far.
+    On exit, normal or by exception, every hook is removed, the model's own
+    methods (an instance-level override included) are put back, and the
+    recorder closed (the file written).
+
+    Raises, before any recorder exists (so no file is written): ``TypeError``
+    for a model whose routers cannot be found or report no chosen ids
+    (naming its class and what is missing), ``ValueError`` for a bad
+    ``pilot`` or ``trace``, or when the probe cannot find a routed layer's
+    pre-MoE norm, ``RuntimeError`` when a capture is already running on the
+    model. Inside the block, a ``generate`` call in assisted mode
+    (``assistant_model=``, ``prompt_lookup_num_tokens=``, ...) raises
+    ``ValueError`` naming the setting before the model runs; with the probe
+    on, the first forward call raises ``RuntimeError`` when a norm the probe
+    uses does not produce exactly its router's input; any ``generate`` or
+    forward call whose routers did not all run raises ``RuntimeError``.
+
+    ``model`` may be the wrapper ``torch.compile`` returns (the module it
+    wraps is recorded); for the block, compiled calls of the model run the
+    eager code they compiled (this module's docstring says why).
     """
     if pilot not in _PILOTS:
         raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
-    if path is None and (trace is not None or pilot is not None):
-        raise ValueError(
-            "with path=None the environment decides (TURBOSPARK_ROUTER_TRACE, TURBOSPARK_PILOT_PROBE); "
-            f"got trace={trace!r}, pilot={pilot!r}: pass a path to set them in code"
-        )
+    if trace is not None and not isinstance(trace, bool):
+        raise ValueError(f"trace must be None, True or False, got {trace!r}")
+    wrapper = None
+    inner = _compiled_inner(model)
+    if inner is not None:
+        wrapper, model = model, inner
     if model in _active:
         raise RuntimeError(f"a capture is already running on this {type(model).__name__}")
-    if path is None and not os.environ.get("TURBOSPARK_ROUTER_HIST"):
+    if path is None and not os.environ.get(_env.HIST):
         yield None  # recording off: no discovery, no hook, no cost
         return
     routing = find_routing(model)
+    sizes = (len(routing.layers), routing.num_experts, routing.top_k)
+    config = None
     if path is None:
-        recorder = ModelRecorder.from_env(len(routing.layers), routing.num_experts, routing.top_k)
+        config = _env.config_from_env(sizes[0])
+        assert config is not None  # HIST is set
+        config = dataclasses.replace(
+            config, trace=config.trace if trace is None else trace, pilot=config.pilot if pilot is None else pilot
+        )
+        probe = _plan_probe(routing, config.pilot)
+        given = frozenset(name for name, value in (("trace", trace), ("pilot", pilot)) if value is not None)
+        recorder = ModelRecorder.from_config(config, *sizes, given=given)
     else:
-        recorder = ModelRecorder(path, len(routing.layers), routing.num_experts, routing.top_k, trace=bool(trace), pilot=pilot)
-    if recorder is None:
-        yield None
-        return
-    session = _Session(model, routing, recorder, _recorder_pilot(recorder))
+        probe = _plan_probe(routing, pilot)
+        recorder = ModelRecorder(path, *sizes, trace=bool(trace), pilot=pilot)
+    session: Optional[_Session] = None
     try:
+        session = _Session(model, routing, recorder, probe, wrapper)
         session.install()
-        _active.add(model)
+    except BaseException:
+        # Nothing was recorded: the capture is refused, not written.
+        if session is not None:
+            session.remove()
+        recorder.discard()
+        raise
+    _active.add(model)
+    try:
         yield recorder
     finally:
         session.remove()
@@ -309,12 +486,35 @@ def _device(routing: Routing) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _recorder_pilot(recorder: ModelRecorder) -> Optional[str]:
-    if not recorder.pilot_enabled():
-        return None
-    return "self" if recorder.pilot_offset() == 0 else "next"
+def _assisted_refusal(mode: Any, config: Any, mode_kwargs: dict) -> str:
+    """Why ``generate`` in this mode cannot be recorded ("" when it can): assisted generation, naming its trigger."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    if mode != GenerationMode.ASSISTED_GENERATION:
+        return ""
+    triggers = []
+    if mode_kwargs.get("assistant_model") is not None:
+        triggers.append(f"assistant_model={type(mode_kwargs['assistant_model']).__name__}")
+    for name in ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp"):
+        value = getattr(config, name, None)
+        if value is not None and value is not False:
+            triggers.append(f"{name}={value!r}")
+    what = ", ".join(triggers) or "assisted generation"
+    return (
+        f"capture() cannot record assisted generation ({what}): the model verifies blocks of candidate "
+        "tokens per step, which the capture would record as one decode token; generate without it inside capture()"
+    )
+
+
+def _compiled_inner(model: Any) -> Optional[nn.Module]:
+    """The module a torch.compile wrapper (``OptimizedModule``) ``model`` holds; None for anything else."""
+    # Not imported: nothing was compiled (importing dynamo here would cost a second).
+    kind = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    inner = getattr(model, "_orig_mod", None) if kind is not None and isinstance(model, kind) else None
+    return inner if isinstance(inner, nn.Module) else None
 
 
 def is_capturing(model: nn.Module) -> bool:
-    """True while a ``capture`` runs on ``model``."""
-    return model in _active
+    """True while a ``capture`` runs on ``model`` (or on the module a torch.compile wrapper ``model`` wraps)."""
+    inner = _compiled_inner(model)
+    return (model if inner is None else inner) in _active

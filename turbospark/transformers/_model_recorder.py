@@ -8,11 +8,18 @@ says so: ``"pilot_distance":[d_0,...,d_(L-1)]`` is appended as the last key,
 layer without predictions). When every distance is 1 (or the probe is off,
 or in self-test mode) the key is left out and the JSON is byte-identical to
 the reference's.
+
+Its reads (``counts``, ``passes``, ``trace()``, ``predictions()``) first hand
+the capture's staged rows to the core (the sink's waiting blocks, the device
+path's staging buffer), as every write does, so a read inside the ``with``
+block shows every row recorded so far.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
+
+import numpy as np
 
 from turbospark.recording.recorder import RouterHistogram
 
@@ -30,6 +37,28 @@ class ModelRecorder(RouterHistogram):
     """``RouterHistogram`` plus the optional ``pilot_distance`` key (set by the capture)."""
 
     pilot_distances: Optional[tuple[int, ...]] = None
+
+    @property
+    def counts(self) -> Any:
+        """The counts so far, staged rows included: a read-only (num_layers, num_experts) int64 snapshot."""
+        self._drain()
+        return super().counts
+
+    @property
+    def passes(self) -> np.ndarray:
+        """A copy of the routed-pass count of each layer, staged rows included: (num_layers,) int64."""
+        self._drain()
+        return super().passes
+
+    def trace(self, layer: int) -> Optional[np.ndarray]:
+        """A copy of one layer's trace, staged rows included, as (passes, top_k) uint32; None when the trace is off."""
+        self._drain()
+        return super().trace(layer)
+
+    def predictions(self, layer: int) -> Optional[np.ndarray]:
+        """A copy of one layer's predictions, staged rows included, as (predictions, top_k) uint32; None when the probe is off."""
+        self._drain()
+        return super().predictions(layer)
 
     def _document(self) -> bytes:
         document: bytes = super()._document()

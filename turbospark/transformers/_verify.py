@@ -3,9 +3,10 @@
 The capture of a ``generate`` run holds, for each routed layer, first the
 prompt block (sequence by sequence, real tokens only), then one pass per
 decode step for every sequence not yet finished. Step s feeds the token
-generated at step s-1; a sequence's last generated token (its EOS, or the one
-that reached the length limit) is never fed, and neither is anything after
-its EOS. ``verify`` runs the model once over the final sequences with hooks
+generated at step s-1; a sequence's last generated token (its EOS, the one a
+``StoppingCriteria`` or stop string stopped it at, or the one that reached
+the length limit) is never fed, and neither is anything after it (generate
+pads a finished sequence). ``verify`` runs the model once over the final sequences with hooks
 on the routers, picks the same tokens in the same order, and compares.
 """
 
@@ -23,7 +24,7 @@ from turbospark.analysis.capture import Capture, load, loads
 from turbospark.transformers._capture import is_capturing
 from turbospark.transformers._routers import Routing, find_routing
 
-__all__ = ["Verification", "expected_positions", "route_sequences", "verify"]
+__all__ = ["Verification", "criteria_stops", "expected_positions", "route_sequences", "verify"]
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,17 @@ class Verification:
 
 
 def expected_positions(
-    sequences: torch.Tensor, attention_mask: Optional[torch.Tensor], eos_token_ids: Sequence[int]
+    sequences: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    eos_token_ids: Sequence[int],
+    stopped: Optional[Sequence[Optional[int]]] = None,
 ) -> list[tuple[int, int]]:
     """(row, position) of every token the capture should hold, in recording order.
 
     ``attention_mask`` is the prompt's mask, (B, P) with P <= T; None means
-    the whole of ``sequences`` was the prompt, unpadded.
+    the whole of ``sequences`` was the prompt, unpadded. ``stopped``: per
+    row, the index (0 = first generated token) of the token at which a
+    stopping criterion finished it, or None (see ``criteria_stops``).
     """
     batch, total = sequences.shape
     if attention_mask is None:
@@ -56,11 +62,68 @@ def expected_positions(
     for row in range(batch):
         tail = sequences[row, prompt:].tolist()
         stops = [i for i, token in enumerate(tail) if token in eos_token_ids]
-        fed.append(min(stops[0] if stops else generated - 1, generated - 1) if generated else 0)
+        stop = None if stopped is None else stopped[row]
+        if stop is not None:
+            stops.append(int(stop))
+        fed.append(min(min(stops) if stops else generated - 1, generated - 1) if generated else 0)
     order = [(row, p) for row in range(batch) for p in range(prompt) if attention_mask[row, p]]
     for step in range(max(fed, default=0)):
         order.extend((row, prompt + step) for row in range(batch) if step < fed[row])
     return order
+
+
+def criteria_stops(criteria: Any, sequences: torch.Tensor, prompt: int) -> list[Optional[int]]:
+    """Per row, the first generated index at which ``criteria`` (generate's rule, replayed) finish it, or None.
+
+    ``criteria`` is called as generate calls it after each step, on the
+    sequences up to and including that step's token, with ``scores=None``
+    (criteria that read the scores cannot be replayed).
+    """
+    batch, total = sequences.shape
+    found: list[Optional[int]] = [None] * batch
+    for step in range(total - prompt):
+        done = torch.as_tensor(criteria(sequences[:, : prompt + step + 1], None)).reshape(-1).to("cpu")
+        if done.numel() == 1 and batch != 1:
+            done = done.expand(batch)
+        if done.numel() != batch:
+            raise ValueError(f"the stopping criteria returned {done.numel()} verdicts for a batch of {batch}")
+        for row in range(batch):
+            if found[row] is None and bool(done[row]):
+                found[row] = step
+        if all(stop is not None for stop in found):
+            break
+    return found
+
+
+def _stopping_criteria(criteria: Any, stop_strings: Any, tokenizer: Any) -> Any:
+    """generate's criteria from the arguments generate takes (None when none given)."""
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList, StopStringCriteria
+
+    if stop_strings is not None and tokenizer is None:
+        raise ValueError(f"stop_strings={stop_strings!r} needs the tokenizer generate was given: pass tokenizer=")
+    found = StoppingCriteriaList()
+    if criteria is not None:
+        items = [criteria] if isinstance(criteria, StoppingCriteria) else list(criteria)
+        for item in items:
+            if not callable(item):
+                raise TypeError(f"stopping_criteria must hold StoppingCriteria, got {type(item).__name__}")
+        found.extend(items)
+    if stop_strings is not None:
+        found.append(StopStringCriteria(tokenizer, stop_strings))
+    return found or None
+
+
+def _padding_hint(sequences: torch.Tensor, prompt: int, model: nn.Module, eos_ids: Sequence[int]) -> list[str]:
+    """A hint when a row ends in padding with no EOS before it: generate stopped it some other way."""
+    pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    if pad is None or pad in eos_ids or sequences.shape[1] <= prompt:
+        return []
+    rows = [row for row in range(sequences.shape[0])
+            if int(sequences[row, -1]) == pad and not any(t in eos_ids for t in sequences[row, prompt:].tolist())]
+    if not rows:
+        return []
+    return [f"sequence(s) {rows} end in padding (token {pad}) with no EOS: if generate stopped them with a "
+            "StoppingCriteria or stop strings, pass the same stopping_criteria=, or stop_strings= and tokenizer=, to verify"]
 
 
 def _check_sequences(captured: Capture, layer: int, order: list[tuple[int, int]], prompt: int) -> list[str]:
@@ -140,6 +203,9 @@ def verify(
     attention_mask: Optional[torch.Tensor] = None,
     *,
     eos_token_id: Union[int, Sequence[int], None] = None,
+    stopping_criteria: Any = None,
+    stop_strings: Union[str, Sequence[str], None] = None,
+    tokenizer: Any = None,
 ) -> Verification:
     """Check that ``capture`` holds exactly ``model``'s routing of ``sequences``.
 
@@ -147,7 +213,10 @@ def verify(
     ``capture()`` yielded), the sequences ``generate`` returned (B, T) or the
     input of a plain forward, and the prompt's ``attention_mask`` (B, P),
     P <= T, or None for an unpadded prompt of the whole width. EOS ids come
-    from ``eos_token_id`` or the model's ``generation_config``.
+    from ``eos_token_id`` or the model's ``generation_config``. When
+    ``generate`` was given ``stopping_criteria`` or ``stop_strings`` (with a
+    ``tokenizer``), pass the same here: they are replayed on the sequences
+    (``criteria_stops``) to find where each row stopped.
 
     Returns a ``Verification``: ok when every layer's counts equal the
     recomputed routes' counts and, with a trace, every pass's set of ids
@@ -156,10 +225,12 @@ def verify(
     its batch row (offset by the capture's first sequence id) and phase.
     Raises ``RuntimeError`` while a capture is running on the model (its
     hooks would record this forward), ``TypeError`` for an unsupported model
-    or capture, ``ValueError`` when the mask does not fit the sequences.
+    or capture, ``ValueError`` when the mask does not fit the sequences or
+    ``stop_strings`` come without a ``tokenizer``.
     """
     if is_capturing(model):
         raise RuntimeError("verify() runs a forward pass: call it after the capture's with-block has ended")
+    criteria = _stopping_criteria(stopping_criteria, stop_strings, tokenizer)
     captured = _as_capture(capture)
     sequences = torch.as_tensor(sequences).to("cpu")
     if sequences.dim() != 2:
@@ -176,7 +247,9 @@ def verify(
     prompt_width = sequences.shape[1] if prompt_mask is None else prompt_mask.shape[1]
     routing = find_routing(model)
     routes = route_sequences(model, sequences, full_mask, routing)
-    order = expected_positions(sequences, prompt_mask, _eos_ids(model, eos_token_id))
+    eos_ids = _eos_ids(model, eos_token_id)
+    stopped = None if criteria is None else criteria_stops(criteria, sequences, prompt_width)
+    order = expected_positions(sequences, prompt_mask, eos_ids, stopped)
     rows = torch.tensor([row for row, _ in order], dtype=torch.long)
     cols = torch.tensor([col for _, col in order], dtype=torch.long)
     problems = []
@@ -203,4 +276,6 @@ def verify(
                 f"layer {layer}, pass {index} (sequence {row}, position {col}): captured {sorted(got[index].tolist())}, "
                 f"the model routes {sorted(expected[index].tolist())}"
             )
+    if problems and criteria is None:
+        problems.extend(_padding_hint(sequences, prompt_width, model, eos_ids))
     return Verification(not problems, len(order), captured.trace is not None, tuple(problems))
