@@ -352,25 +352,32 @@ def test_device_path_writes_what_the_host_path_writes(tmp_path: Any, monkeypatch
     assert b'"seq":' in host and (pilot is None) == (b'"pred":' not in host)
 
 
-def test_flushing_in_the_middle_changes_nothing(tmp_path: Any, monkeypatch: Any) -> None:
-    """Blocks wait in the sink and reach record_batch in bulk; where the flushes fall must not show."""
-    from turbospark.transformers import _sink
-
+def test_ctrl_c_in_the_middle_of_a_generate_keeps_every_completed_call(tmp_path: Any) -> None:
+    """Issue 16 item 5: blocks used to wait in the sink and a Ctrl-C during their hand-over lost a whole
+    layer (passes [0, 8, 8]). Each call now commits at once: an interrupted generate leaves a prefix of
+    its forward calls, layer by layer, and the written capture holds every call completed before it."""
     model = build("olmoe")
     ids, mask, _ = _batch("olmoe")
+    path = tmp_path / "c.json"
+    delivered: list[tuple[int, int]] = []
+    with pytest.raises(KeyboardInterrupt):
+        with capture(model, path, trace=True) as rec:
+            real = rec.record_batch
 
-    def run(path: Any) -> bytes:
-        with capture(model, path, trace=True, pilot="next") as rec:
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=[7, 9, 11])
-            # The recorder drains the waiting blocks before any write.
-            assert rec.to_json().encode() == rec._document()
-            middle = rec.to_json()
-        assert path.read_text() == middle
-        return path.read_bytes()
+            def record_batch(layer: int, block: Any, **tags: Any) -> None:
+                if len(delivered) == 4:  # the second layer of the second forward call
+                    raise KeyboardInterrupt
+                real(layer, block, **tags)
+                kept = block.shape[0] if tags.get("mask") is None else int(tags["mask"].sum())
+                delivered.append((layer, kept))
 
-    bulk = run(tmp_path / "bulk.json")
-    monkeypatch.setattr(_sink, "FLUSH_ROWS", 3)
-    assert run(tmp_path / "often.json") == bulk
+            rec.record_batch = record_batch
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    doc = json.loads(path.read_text())
+    passes = [len(row) // 2 for row in doc["trace"]]
+    expected = [sum(n for layer, n in delivered if layer == index) for index in range(3)]
+    assert passes == expected and expected[0] == expected[1] + 4 > expected[2], (passes, delivered)
+    assert [len(row) for row in doc["seq"]] == passes
 
 
 def test_override_table_llama4(tmp_path: Any) -> None:

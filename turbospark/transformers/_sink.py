@@ -7,25 +7,25 @@ sequence ids and phase. The recorder's batch API (``record_batch``,
 on a core that lacks it, the kept rows are selected into a private copy and
 recorded with ``record_many`` / ``record_prediction`` (no sequence tags).
 
-A model on a non-CPU device records through ``turbospark.torch``'s
-``DeviceRecorder``: ids, masks and sequence ids stay on the device and are
-staged without a host sync; they reach the recorder in bulk when the staging
-buffer fills and when the capture is written. With the trace and the probe
-off it counts on the device and only the counts cross (no sequence tags
-then: they are per-pass data).
+On the CPU every call reaches the recorder at once: ``record_batch`` commits
+a block and its tags in the core in about twice a ``record_many``'s time, so
+nothing waits on the host (nothing to lose to a Ctrl-C, nothing for a read
+to miss). A model on a non-CPU device records through ``turbospark.torch``'s
+``DeviceRecorder``, the one staging layer: ids, masks and sequence ids stay
+on the device and are staged without a host sync; they reach the recorder in
+call order when the staging buffer fills, before every read of the capture
+and before every write. With the trace and the probe off it counts on the
+device and only the counts cross (no sequence tags then: they are per-pass
+data).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
-__all__ = ["FLUSH_ROWS", "Sink"]
-
-# Rows (over all layers) waiting before a flush to record_batch.
-FLUSH_ROWS = 4096
+__all__ = ["Sink"]
 
 
 def uses_device_path(device: torch.device) -> bool:
@@ -43,22 +43,12 @@ class Sink:
         self.predicting = bool(recorder.pilot_enabled())
         self.device = device
         self.staging: Any = None
-        # Host path with tags: blocks wait here and reach record_batch in bulk
-        # (one call costs ~20 us whatever its size, several times a decode
-        # step's model work per layer on a small model). The recorder drains
-        # them before every write, so its file is always complete.
-        self._pending: list[list[tuple[list, list, str]]] = [[] for _ in range(recorder.num_layers)]
-        self._pending_rows = 0
-        self._seq_tensor: Optional[torch.Tensor] = None
-        self._seq_list: list = []
         if uses_device_path(device):
             from turbospark.torch import DeviceRecorder
 
             self.staging = DeviceRecorder(recorder, device=device, top_k=top_k or None)
             self.tags_sequences = not self.staging.counts_only
             self._moved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        elif self.tags_sequences:
-            recorder._add_drain(self.flush)
 
     def _on_device(self, value: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """A host mask or sequence column on the staging device, copied once per tensor (decode steps reuse theirs)."""
@@ -89,41 +79,14 @@ class Sink:
             return
         ids = _host(ids)
         if self.tags_sequences and seq is not None:
-            # Private copies now (the model may reuse its tensors before the
-            # flush), as lists: tolist() is the cheapest read of a fresh tensor.
-            if mask is None:
-                rows = ids.tolist()
-                if seq is not self._seq_tensor:
-                    self._seq_tensor, self._seq_list = seq, seq.tolist()
-                seqs = self._seq_list
-            else:
-                rows, seqs = ids[mask].tolist(), seq[mask].tolist()
-            if rows:
-                self._pending[layer].append((rows, seqs, phase))
-                self._pending_rows += len(rows)
-                if self._pending_rows >= FLUSH_ROWS:
-                    self.flush()
+            # Straight to the core, which reads each array once into its own copy.
+            self.recorder.record_batch(layer, ids.detach().numpy(), seq=_host(seq).detach().numpy(), phase=phase,
+                                       mask=None if mask is None else _host(mask).detach().numpy())
             return
         if mask is not None:
             ids = ids[mask]
         if ids.shape[0]:
             self.recorder.record_many(layer, ids.numpy())
-
-    def flush(self) -> None:
-        """Hand the waiting blocks to ``record_batch``: per layer, one call per run of one phase, in order."""
-        for layer, entries in enumerate(self._pending):
-            if not entries:
-                continue
-            self._pending[layer] = []
-            start = 0
-            for end in range(1, len(entries) + 1):
-                if end == len(entries) or entries[end][2] != entries[start][2]:
-                    run = entries[start:end]
-                    ids = np.array([row for entry in run for row in entry[0]], dtype=np.int64)
-                    seq = np.array([item for entry in run for item in entry[1]], dtype=np.int64)
-                    self.recorder.record_batch(layer, ids, seq=seq, phase=run[0][2])
-                    start = end
-        self._pending_rows = 0
 
     def predictions(self, layer: int, ids: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Record the pilot's predictions for ``layer``, the rows ``mask`` keeps, aligned with ``selections``."""
