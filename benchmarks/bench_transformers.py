@@ -67,7 +67,7 @@ def _time_inside(model: Any, path: str, generate: Callable[[], None], pilot: Any
         setattr(owner, name, wrapper)
 
     for owner, name in [(_capture._Session, "_on_model_call"), (_sink.Sink, "selections"),
-                        (_sink.Sink, "predictions"), (_sink.Sink, "flush")]:
+                        (_sink.Sink, "predictions")]:
         clocked(owner, name)
     stderr, sys.stderr = sys.stderr, open(os.devnull, "w")
     try:

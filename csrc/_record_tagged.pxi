@@ -22,7 +22,10 @@ cdef int _record_tagged(RecorderCore self, object layer, object ids, object seq,
         raise _errors.closed()
     index = _layer_index(self, layer)
     code = _phase_code(phase)
-    rows = _block_rows(ids)
+    try:
+        rows = _block_rows(ids)
+    except (TypeError, ValueError):
+        rows = -1  # the slow path names the problem
     try:
         if rows > STACK_IDS:
             tags = <int64_t*>malloc(rows * sizeof(int64_t))
@@ -51,6 +54,8 @@ cdef int _record_tagged(RecorderCore self, object layer, object ids, object seq,
             free(tags)
             free(keep)
     # Anything else, and every error: the pure-Python core's reading, into private copies.
+    if _convert.is_tensor(ids):
+        _exchange_table(type(ids))  # from now on, tensors of this class take the fast path
     block = _sequences.block_copy(ids)
     mask_arr = _sequences.mask_copy(mask, block.shape[0])
     kept = np.ascontiguousarray(_sequences.seq_copy(seq, block.shape[0], mask_arr), dtype=np.int64)

@@ -98,6 +98,20 @@ cdef Py_ssize_t _fast_seq(object seq, Py_ssize_t rows, const uint8_t* keep, int6
     cdef long long big
     cdef int overflow = 0
     cdef PyObject* item
+    cdef IdView view
+    if _is_known_tensor(seq):
+        # A CPU tensor, through its DLPack description (no Python-level reads).
+        if (not _tensor_view(seq, &view, "seq") or view.ndim != 1 or view.width != rows or view.itemsize != 8
+                or not view.is_signed or view.is_bool):
+            return -1
+        for i in range(rows):
+            if keep == NULL or keep[i]:
+                value = (<const int64_t*>(view.data + i * view.stride))[0]
+                if value < 0:
+                    return -1
+                out[n] = value
+                n += 1
+        return n
     if cnp.PyArray_CheckExact(seq):
         arr = <cnp.ndarray>seq
         if (cnp.PyArray_TYPE(arr) != cnp.NPY_INT64 or cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIM(arr, 0) != rows
@@ -130,8 +144,13 @@ cdef Py_ssize_t _fast_seq(object seq, Py_ssize_t rows, const uint8_t* keep, int6
     return -1
 
 
-cdef Py_ssize_t _block_rows(object ids):
-    """Rows of a block the fast path takes as it is (an ndarray or a list), else -1."""
+cdef Py_ssize_t _block_rows(object ids) except -2:
+    """Rows of a block the fast path takes as it is (an ndarray, a list, a CPU tensor), else -1."""
+    cdef IdView view
+    if _is_known_tensor(ids):
+        if not _tensor_view(ids, &view, "ids") or view.ndim != 2:
+            return -1
+        return view.rows
     if cnp.PyArray_CheckExact(ids):
         return cnp.PyArray_DIM(<cnp.ndarray>ids, 0) if cnp.PyArray_NDIM(<cnp.ndarray>ids) == 2 else -1
     if PyList_CheckExact(ids):

@@ -79,9 +79,9 @@ class Sink:
             return
         ids = _host(ids)
         if self.tags_sequences and seq is not None:
-            # Straight to the core, which reads each array once into its own copy.
-            self.recorder.record_batch(layer, ids.detach().numpy(), seq=_host(seq).detach().numpy(), phase=phase,
-                                       mask=None if mask is None else _host(mask).detach().numpy())
+            # Straight to the core, which reads each tensor once into its own copy.
+            self.recorder.record_batch(layer, _plain(ids), seq=_plain(_host(seq)), phase=phase,
+                                       mask=None if mask is None else _plain(_host(mask)))
             return
         if mask is not None:
             ids = ids[mask]
@@ -101,6 +101,11 @@ class Sink:
             ids = ids[mask]
         for row in ids.tolist():
             self.recorder.record_prediction(layer, row)
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    # A tensor that requires grad has no DLPack view; router ids never need one.
+    return tensor.detach() if tensor.requires_grad else tensor
 
 
 def _host(ids: torch.Tensor) -> torch.Tensor:
