@@ -1,4 +1,6 @@
-"""Fenced code blocks of the README, found by a line they contain or by the comment above them (not a test module)."""
+"""Fenced code blocks of the README and the docs/ pages, found by a line they contain or by the comment
+above them (not a test module). Each marker must appear in exactly one of those files, so moving an
+example between the README and a page keeps it tested."""
 
 from __future__ import annotations
 
@@ -6,23 +8,33 @@ import pathlib
 import re
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+DOCS = sorted((README.parent / "docs").glob("*.md"))
+
+
+def documents() -> str:
+    """The README and every docs/ page, one after the other."""
+    return "\n".join(path.read_text() for path in [README, *DOCS])
+
+
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", re.S | re.M)
 
 
 def block(marker: str) -> str:
-    """The one fenced block of README.md containing ``marker``, dedented; fails if not exactly one."""
+    """The one fenced block of the README or a docs/ page containing ``marker``, dedented; fails if not exactly one."""
     found = []
-    for match in _FENCE.finditer(README.read_text()):
+    for match in _FENCE.finditer(documents()):
         indent = len(match.group(1))
         text = "".join(line[indent:] + "\n" for line in match.group(3).splitlines())
         if marker in text:
             found.append(text)
-    assert len(found) == 1, f"{len(found)} README blocks contain {marker!r}"
+    assert len(found) == 1, f"{len(found)} README/docs blocks contain {marker!r}"
     return found[0]
 
 
 def block_after(comment: str, language: str = r"[a-z]*") -> str:
-    """The fenced block (in ``language``, a regex) right after ``<!-- COMMENT -->`` in README.md; fails if none."""
-    found = re.search(rf"<!-- {comment} -->\s*```{language}\n(.*?)```", README.read_text(), re.S)
-    assert found is not None, f"README has no {language} block after <!-- {comment} -->"
-    return found.group(1)
+    """The fenced block (in ``language``, a regex) right after ``<!-- COMMENT -->`` in the README or a docs/
+    page; fails unless there is exactly one."""
+    found = re.findall(rf"<!-- {comment} -->\s*```{language}\n(.*?)```", documents(), re.S)
+    assert len(found) == 1, f"README/docs hold {len(found)} {language} blocks after <!-- {comment} -->"
+    return found[0]
+

@@ -9,7 +9,7 @@ from typing import Any
 
 from childproc import run_python
 from conftest import require_module
-from readme_blocks import README, block
+from readme_blocks import block, documents
 
 torch = require_module("torch")
 transformers = require_module("transformers")
@@ -59,7 +59,7 @@ def test_record_command(tmp_path: Any) -> None:
 
 
 def test_supported_list_is_the_computed_one() -> None:
-    text = README.read_text()
+    text = documents()
     listed = text.split("<!-- supported-families -->\n")[1].split("<!-- /supported-families -->")[0]
     names = [name.strip() for name in listed.replace("\n", " ").split(",")]
     computed = [family.name for family in families() if family.supported]

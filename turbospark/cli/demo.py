@@ -19,7 +19,7 @@ __all__ = ["DEFAULTS", "NEXT_STEPS", "CaptureNotWritten", "run_demo"]
 
 NEXT_STEPS = (
     "note: the routing above is simulated (turbospark/cli/simulate.py), not recorded from a model.\n"
-    "next: record your own model (README: 'Recording in a decode loop', or run it with\n"
+    "next: record your own model (README: 'Record', docs/recording.md; or run it with\n"
     "      TURBOSPARK_ROUTER_HIST=capture.json), then `turbospark analyze capture.json`\n"
     "      and `turbospark plot capture.json`."
 )

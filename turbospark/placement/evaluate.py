@@ -1,6 +1,6 @@
 """How evenly a placement spreads a layer's tokens over GPUs.
 
-Definitions (the README states them too): a placement maps the S physical
+Definitions (docs/placement.md states them too): a placement maps the S physical
 slots of a layer to logical experts, S / G consecutive slots per GPU. A
 token routed to an expert with r replicas puts 1/r of a token on each
 replica; a GPU's load is the sum over its slots. Per layer,
