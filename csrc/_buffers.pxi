@@ -61,6 +61,11 @@ cdef int _reserve(IdBuf* buf, size_t extra) except -1:
     return 0
 
 
+cdef inline size_t _kept(uint64_t passes, uint64_t cap) noexcept nogil:
+    """How many of a layer's first ``passes`` passes a trace capped at ``cap`` keeps."""
+    return <size_t>(passes if passes < cap else cap)
+
+
 cdef void _free_rows(IdBuf* rows, Py_ssize_t count) noexcept:
     cdef Py_ssize_t layer
     if rows == NULL:

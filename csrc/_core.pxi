@@ -28,6 +28,10 @@ cdef class RecorderCore:
     # record_batch's per-pass tags (_tags.pxi): NULL until a tagged pass commits.
     cdef TagBuf* _tags
     cdef bint _tagged
+    # trace_cap: each layer keeps its first _cap passes (trace, predictions, tags);
+    # UINT64_MAX when unbounded, so the commit's test needs no branch on _capped.
+    cdef uint64_t _cap
+    cdef bint _capped
 
     def __cinit__(self, *args, **kwargs):
         self._counts = NULL
@@ -38,12 +42,15 @@ cdef class RecorderCore:
         self._logits = None
         self._logits_layer = -1
 
-    def __init__(self, num_layers, num_experts, top_k, trace, pilot, logits_layer, logits_pass):
+    def __init__(self, num_layers, num_experts, top_k, trace, pilot, logits_layer, logits_pass, trace_cap=None):
         if self._ready:
             raise RuntimeError("a recorder core is initialised once")
         # Checked here, not trusted from the facade: these sizes index C arrays.
         num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
             num_layers, num_experts, top_k, pilot, logits_layer, logits_pass)
+        cap = _convert.trace_cap(trace_cap, trace)
+        self._capped = cap is not None
+        self._cap = <uint64_t>cap if self._capped else <uint64_t>0xFFFFFFFFFFFFFFFF
         self._num_layers = num_layers
         self._num_experts = num_experts
         self._top_k = top_k
@@ -100,6 +107,10 @@ cdef class RecorderCore:
     @property
     def trace_enabled(self):
         return self._trace != NULL
+
+    @property
+    def trace_cap(self):
+        return self._cap if self._capped else None
 
     def pilot_offset(self):
         return 0 if self._self_test else 1

@@ -60,7 +60,7 @@ cdef char* _put_tags(RecorderCore self, char* p) noexcept:
             p[0] = 91
             p += 1
             t = &self._tags[layer]
-            passes = <size_t>self._passes[layer]
+            passes = _kept(self._passes[layer], self._cap)
             tagged = t.len if t.len < passes else passes
             for i in range(passes):
                 if i:
@@ -81,7 +81,7 @@ cdef char* _put_tags(RecorderCore self, char* p) noexcept:
 cdef bytes _json_document(RecorderCore self, bytes tail):
     """The JSON document up to ``router_logits``, then ``tail`` (the facade's part), then the
     ``seq``/``phase`` columns when a tagged pass was recorded; the facade adds the closing brace."""
-    cdef size_t bound = 160 + len(tail)
+    cdef size_t bound = 220 + len(tail)  # 60 of it for trace_cap and trace_dropped's key
     # Room for any id a uint32 buffer can hold (10 digits and a comma),
     # not just those below num_experts: the writer never trusts that
     # every committed id was checked.
@@ -92,7 +92,7 @@ cdef bytes _json_document(RecorderCore self, bytes tail):
     cdef char* p
     cdef uint64_t* row
     for layer in range(self._num_layers):
-        bound += 3 + 21 * self._num_experts
+        bound += 3 + 21 * self._num_experts + 21  # the counts, and a trace_dropped entry
         if self._trace != NULL:
             bound += 3 + id_width * self._trace[layer].len
         if self._pred != NULL:
@@ -129,6 +129,17 @@ cdef bytes _json_document(RecorderCore self, bytes tail):
             p = _put_rows(p, self._trace, self._num_layers)
             p[0] = 93
             p += 1
+            if self._capped:
+                p = _put_text(p, b',"trace_cap":', 13)
+                p = _put_u64(p, self._cap)
+                p = _put_text(p, b',"trace_dropped":[', 18)
+                for layer in range(self._num_layers):
+                    if layer:
+                        p[0] = 44
+                        p += 1
+                    p = _put_u64(p, self._passes[layer] - _kept(self._passes[layer], self._cap))
+                p[0] = 93
+                p += 1
         if self._pred != NULL:
             p = _put_text(p, b',"pred":[', 9)
             p = _put_rows(p, self._pred, self._num_layers)

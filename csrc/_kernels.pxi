@@ -99,7 +99,9 @@ cdef inline void _commit_block(RecorderCore self, Py_ssize_t index, Py_ssize_t r
     if self._top_k == 0:
         self._top_k = width
     if self._trace != NULL:
-        self._trace[index].len += rows * width
+        # Under a cap, only the rows before it join the trace (the first N passes).
+        self._trace[index].len += (_kept(self._passes[index] + rows, self._cap)
+                                   - _kept(self._passes[index], self._cap)) * width
         _prefault(&self._trace[index])
     self._passes[index] += rows
     self._commits += 1

@@ -81,7 +81,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
                 if self._tags == NULL:
                     raise MemoryError()
             tag = &self._tags[index]
-            _tags_reserve(tag, <size_t>self._passes[index] + chosen)
+            _tags_reserve(tag, _kept(self._passes[index] + chosen, self._cap))
         if (not prediction and keep == NULL and total >= TABLE_MIN_IDS
                 and self._num_experts <= <uint64_t>total and _contiguous(&view)):
             tables = <uint64_t*>calloc(4 * (self._num_experts + 1), sizeof(uint64_t))
@@ -109,7 +109,9 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
             _commit_prediction_rows(self, index, chosen, width)
         else:
             if tag != NULL:
-                _commit_tags(tag, <size_t>first, tagging.seq, chosen, <uint8_t>tagging.phase)
+                # Under a cap, tags only for the kept passes (the defaults pad up to the first of them).
+                _commit_tags(tag, _kept(first, self._cap), tagging.seq,
+                             _kept(first + chosen, self._cap) - _kept(first, self._cap), <uint8_t>tagging.phase)
                 self._tagged = True
             _commit_block(self, index, chosen, width)
     finally:
@@ -141,10 +143,15 @@ cdef inline int _commit_prediction_rows(RecorderCore self, Py_ssize_t index, Py_
                                         Py_ssize_t width) noexcept:
     """Commit ``rows`` validated predictions already in the predictions' spare room (dropped when the probe is off)."""
     cdef IdBuf* pred
+    cdef size_t first
     if self._pred == NULL:
         return 0
     pred = &self._pred[index]
-    pred.len += rows * width
+    if self._capped:
+        first = pred.len // <size_t>width
+        pred.len += (_kept(first + rows, self._cap) - first) * width
+    else:
+        pred.len += rows * width
     _prefault(pred)
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = width

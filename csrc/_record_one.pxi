@@ -235,7 +235,7 @@ cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uin
     cdef IdBuf* trace
     if slow:
         _recheck_k(self, n)
-    if self._trace != NULL:
+    if self._trace != NULL and self._passes[index] < self._cap:
         trace = &self._trace[index]
         if slow:
             memcpy(_spare(trace, n), ids, n * sizeof(uint32_t))
@@ -258,10 +258,12 @@ cdef inline int _commit_prediction(RecorderCore self, Py_ssize_t index, const ui
     if self._pred == NULL:
         return 0
     pred = &self._pred[index]
-    if copy:
-        memcpy(_spare(pred, n), ids, n * sizeof(uint32_t))
-    pred.len += n
-    _prefault(pred)
+    # Under a cap a layer keeps its first N predictions, aligned with the first N passes.
+    if not self._capped or pred.len // <size_t>n < self._cap:
+        if copy:
+            memcpy(_spare(pred, n), ids, n * sizeof(uint32_t))
+        pred.len += n
+        _prefault(pred)
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = n
     return 0

@@ -41,6 +41,14 @@ def captures(draw: Any) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
     return config, draw(st.lists(op, max_size=30))
 
 
+def _pair(cores: Any, tmp_path: Any, config: dict[str, Any], **kwargs: Any) -> tuple[Any, Any]:
+    """A recorder on each core for the drawn configuration (``kwargs`` add to or replace its settings)."""
+    settings_ = {"pilot": config["pilot"], "router_logits": config["router_logits"], **kwargs}
+    args = (config["num_layers"], config["num_experts"], config["top_k"])
+    return (cores[0](str(tmp_path / "c.json"), *args, **settings_),
+            cores[1](str(tmp_path / "p.json"), *args, **settings_))
+
+
 def _apply(recorder: Any, op: tuple[Any, ...]) -> Any:
     name, layer, payload = op
     try:
@@ -60,11 +68,7 @@ def _apply(recorder: Any, op: tuple[Any, ...]) -> Any:
 @given(capture=captures())
 def test_random_captures_serialize_identically(cores: Any, tmp_path: Any, capture: Any) -> None:
     config, ops = capture
-    compiled_cls, python_cls = cores
-    kwargs = {key: config[key] for key in ("trace", "pilot", "router_logits")}
-    args = (config["num_layers"], config["num_experts"], config["top_k"])
-    compiled = compiled_cls(str(tmp_path / "c.json"), *args, **kwargs)
-    python = python_cls(str(tmp_path / "p.json"), *args, **kwargs)
+    compiled, python = _pair(cores, tmp_path, config, trace=config["trace"])
     try:
         for op in ops:
             assert _apply(compiled, op) == _apply(python, op), op
@@ -94,3 +98,25 @@ def test_counts_read_after_added_counts_are_current(make: Any, cls: Any) -> None
     hist._add_counts(np.array([[0, 0, 0], [0, 1, 1]], dtype=np.int64), np.array([0, 1], dtype=np.int64), 2)
     assert hist.counts.tolist() == [[1, 1, 0], [1, 1, 2]]
     assert hist.passes.tolist() == [1, 2]
+
+
+@pytest.mark.filterwarnings("ignore:pilot=.* with trace=False:RuntimeWarning")
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(capture=captures(), cap=st.integers(1, 5))
+def test_random_capped_captures_serialize_identically(cores: Any, tmp_path: Any, capture: Any, cap: int) -> None:
+    # The same random calls (good and bad) with trace_cap: the cores agree on every kept row and on trace_dropped.
+    config, ops = capture
+    compiled, python = _pair(cores, tmp_path, config, trace=True, trace_cap=cap)
+    try:
+        for op in ops:
+            assert _apply(compiled, op) == _apply(python, op), op
+        assert compiled.to_json() == python.to_json()
+        assert np.array_equal(compiled.trace_dropped, python.trace_dropped)
+        for layer in range(config["num_layers"]):
+            for read in ("trace", "predictions"):
+                ours, theirs = getattr(compiled, read)(layer), getattr(python, read)(layer)
+                assert (ours is None and theirs is None) or (ours.shape == theirs.shape and np.array_equal(ours, theirs))
+                assert ours is None or ours.shape[0] <= cap
+    finally:
+        compiled.discard()
+        python.discard()

@@ -2,7 +2,9 @@
 
 The file is ``{"num_layers":L,"num_experts":E,"top_k":K,"counts":[[E ints] x L]``
 then optionally ``"trace"`` and ``"pred"`` (L rows of flat ids, K per pass),
-``"router_logits"``, and ``"seq"`` and ``"phase"`` (L rows, one entry per pass). ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
+``"trace_cap"`` and ``"trace_dropped"`` (a capped trace: passes kept per layer,
+and per layer the passes beyond it, counted but not traced),
+``"router_logits"``, and ``"seq"`` and ``"phase"`` (L rows, one entry per traced pass). ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
 rows are reshaped to (passes, top_k), or raises ``ValueError`` naming what is
 wrong with the file.
 
@@ -59,6 +61,11 @@ class Capture:
     ``pilot_distance``: None, or per layer how many layers before it its
     predictions were made (0: none), present when a model capture's probe
     crossed a dense layer.
+    ``trace_cap`` and ``trace_dropped``: None, or (a capture recorded with
+    ``trace_cap``) the passes per layer the trace kept, and a (num_layers,)
+    int64 array of the passes each layer recorded beyond them: counted in
+    ``counts``, absent from ``trace``, ``pred``, ``seq`` and ``phase``, which
+    hold each layer's first ``trace_cap`` passes.
     """
 
     num_layers: int
@@ -71,6 +78,8 @@ class Capture:
     seq: list[np.ndarray] | None = None
     phase: list[np.ndarray] | None = None
     pilot_distance: tuple[int, ...] | None = None
+    trace_cap: int | None = None
+    trace_dropped: np.ndarray | None = None
 
     @property
     def header(self) -> dict[str, int]:
@@ -270,7 +279,48 @@ def _build(fields: dict[str, Any]) -> Capture:
     logits = _router_logits(fields.get("router_logits"), num_layers)
     seq, phase = _sequence_rows(fields, counts, trace, top_k)
     distance = _pilot_distance(fields.get("pilot_distance"), num_layers)
-    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance)
+    cap, dropped = _trace_cap(fields, trace, pred, num_layers)
+    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance, cap, dropped)
+
+
+def _trace_cap(
+    fields: dict[str, Any], trace: tuple[np.ndarray, ...] | None, pred: tuple[np.ndarray, ...] | None, num_layers: int
+) -> tuple[int | None, np.ndarray | None]:
+    """The optional ``trace_cap`` (a positive integer) and ``trace_dropped`` (one non-negative integer per layer).
+
+    Checks what the file alone can show: the two come together, with a trace;
+    no layer keeps more than the cap in its trace or predictions, and a layer
+    that dropped passes kept exactly the cap. Whether kept plus dropped passes
+    make the counts is ``analyze``'s ``trace_matches_counts`` check, as for any trace.
+    """
+    if not _pair_present(fields, "trace_cap", "trace_dropped"):
+        return None, None
+    if trace is None:
+        raise ValueError("'trace_cap' is present without 'trace': a cap is a capped trace's")
+    cap = fields["trace_cap"]
+    if type(cap) is not int or cap < 1:
+        raise ValueError(f"trace_cap must be a positive integer, got {_shown(cap)}")
+    value = fields["trace_dropped"]
+    if not isinstance(value, list) or len(value) != num_layers:
+        raise ValueError(f"trace_dropped must be a list of num_layers={num_layers} integers, got {_shown(value)}")
+    for layer, item in enumerate(value):
+        if type(item) is not int or item < 0:
+            raise ValueError(f"trace_dropped[{layer}] must be a non-negative integer, got {_shown(item)}")
+        kept = trace[layer].shape[0]
+        if kept > cap:
+            raise ValueError(f"trace[{layer}] keeps {kept} passes, more than trace_cap={cap}")
+        if item and kept != cap:
+            raise ValueError(
+                f"trace_dropped[{layer}] is {item}, but trace[{layer}] keeps {kept} passes: "
+                f"a layer drops passes only once its trace holds trace_cap={cap}"
+            )
+        if pred is not None and pred[layer].shape[0] > cap:
+            raise ValueError(f"pred[{layer}] keeps {pred[layer].shape[0]} predictions, more than trace_cap={cap}")
+    try:
+        dropped = np.array(value, dtype=np.int64)
+    except OverflowError:
+        raise ValueError("trace_dropped holds an integer too large for a count") from None
+    return cap, dropped
 
 
 def _pilot_distance(value: Any, num_layers: int) -> tuple[int, ...] | None:
@@ -359,16 +409,20 @@ def _id_rows(
     return tuple(shaped)
 
 
+def _pair_present(fields: dict[str, Any], first: str, second: str) -> bool:
+    """Whether the two keys that come together are there; raises ValueError when only one is."""
+    if (first in fields) != (second in fields):
+        present, missing = (first, second) if first in fields else (second, first)
+        raise ValueError(f"{present!r} is present without {missing!r}: the two come together")
+    return first in fields
+
+
 def _sequence_rows(
     fields: dict[str, Any], counts: np.ndarray, trace: tuple[np.ndarray, ...] | None, top_k: int
 ) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
     """The optional per-pass ``seq`` and ``phase`` rows, one entry per pass of each layer."""
-    present = [key for key in ("seq", "phase") if key in fields]
-    if not present:
+    if not _pair_present(fields, "seq", "phase"):
         return None, None
-    if len(present) == 1:
-        missing = "phase" if present == ["seq"] else "seq"
-        raise ValueError(f"{present[0]!r} is present without {missing!r}: the two come together")
     num_layers = counts.shape[0]
     seq = _int_rows(fields["seq"], "seq", num_layers)
     phase = _int_rows(fields["phase"], "phase", num_layers)

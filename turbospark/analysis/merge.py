@@ -24,6 +24,10 @@
 * Predictions align with passes by index, so each input but the last must
   hold as many predictions as passes in every layer where any input holds
   predictions; otherwise the later files' predictions would shift.
+* A capped trace (``trace_cap``) that dropped passes is refused, naming the
+  file and its dropped passes: its kept passes are only a layer's first N, so
+  concatenating them would hide a gap. One capped without a drop merges as an
+  uncapped trace (every pass is in it).
 * ``router_logits``: the first input's row (its pass index still points at
   the same pass, since the first input's passes come first).
 
@@ -94,6 +98,13 @@ def dropped_sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]]) ->
 
 
 def _check(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> None:
+    for name, capture, _ in inputs:
+        dropped = capture.trace_dropped
+        if dropped is not None and dropped.any():
+            listed = ", ".join(f"layer {layer} {int(d)}" for layer, d in enumerate(dropped.tolist()) if d)
+            raise ValueError(
+                f"cannot merge {name}: its trace is capped at {capture.trace_cap} passes per layer and dropped "
+                f"passes ({listed}); a merged trace would hide the gap")
     first_name, first, _ = inputs[0]
     settings = {"trace": lambda c: c.trace is not None, "predictions (pilot probe)": lambda c: c.pred is not None,
                 "a router-logit row": lambda c: c.router_logits is not None}

@@ -110,6 +110,10 @@ def analyze(
         extra["sequences"] = len(sequence_ids(capture))
     if capture.pilot_distance is not None:
         extra["pilot_distance"] = list(capture.pilot_distance)
+    if capture.trace_cap is not None and capture.trace_dropped is not None:
+        # The trace metrics above are over each layer's first trace_cap passes.
+        extra["trace_cap"] = capture.trace_cap
+        extra["trace_dropped"] = capture.trace_dropped.tolist()
     return {
         "num_layers": capture.num_layers,
         "num_experts": e,
@@ -167,14 +171,28 @@ def count_sum_failures(capture: Capture) -> list[int]:
 
 def trace_mismatches(capture: Capture) -> list[int]:
     """Layers whose counts differ from the counts recomputed from the trace;
-    empty when the capture has no trace."""
+    empty when the capture has no trace.
+
+    A capped trace (``trace_cap``) is held to what it kept: in a layer that
+    dropped passes, the kept passes plus the dropped ones must be the passes
+    the counts hold (N / top_k), and no expert may be picked more often in the
+    kept passes than the counts say; a layer that dropped none must reproduce
+    its counts exactly, as in an uncapped trace.
+    """
     if capture.trace is None:
         return []
-    return [
-        layer
-        for layer, (ids, row) in enumerate(zip(capture.trace, capture.counts))
-        if not np.array_equal(np.bincount(ids.ravel(), minlength=capture.num_experts), row)
-    ]
+    dropped = capture.trace_dropped
+    bad = []
+    for layer, (ids, row) in enumerate(zip(capture.trace, capture.counts)):
+        kept = np.bincount(ids.ravel(), minlength=capture.num_experts)
+        if dropped is None or not dropped[layer]:
+            if not np.array_equal(kept, row):
+                bad.append(layer)
+            continue
+        passes = (ids.shape[0] + int(dropped[layer])) * capture.top_k
+        if passes != int(row.sum()) or kept.shape != row.shape or bool((kept > row).any()):
+            bad.append(layer)
+    return bad
 
 
 # ------------------------------------------------------------ count metrics

@@ -41,7 +41,20 @@ def _heading(capture: Capture) -> str:
     if capture.seq is not None:
         count = len({int(s) for row in capture.seq for s in np.unique(row).tolist()})
         parts.append(f"sequences: {count} (trace metrics per sequence, never across)")
-    return "capture: " + "; ".join(parts)
+    heading = "capture: " + "; ".join(parts)
+    if capture.trace_cap is not None and capture.trace_dropped is not None:
+        heading += "\n" + _cap_line(capture.trace_cap, capture.trace_dropped.tolist())
+    return heading
+
+
+def _cap_line(cap: int, dropped: list[int]) -> str:
+    """The capped trace's line: the cap, and which layers dropped how many passes (counted, not traced)."""
+    text = f"trace capped at {cap} passes per layer (trace metrics over each layer's first {cap}): "
+    full = [(layer, d) for layer, d in enumerate(dropped) if d]
+    if not full:
+        return text + "no pass dropped"
+    listed = ", ".join(f"layer {layer} {d}" for layer, d in full)
+    return text + f"{sum(d for _, d in full)} passes dropped (counted, not traced): {listed}"
 
 
 # ------------------------------------------------------------------- table
@@ -175,7 +188,8 @@ def _checks(capture: Capture, result: dict[str, Any]) -> list[str]:
     if checks["trace_matches_counts"] is None:
         out.append("check: trace matches counts: n/a (no trace)")
     elif checks["trace_matches_counts"]:
-        out.append("check: trace matches counts: ok")
+        capped = capture.trace_dropped is not None and bool(capture.trace_dropped.any())
+        out.append("check: trace matches counts: ok" + (" (kept passes plus dropped ones)" if capped else ""))
     else:
         out.append(f"CHECK FAILED: trace of layer(s) {_ranges(trace_mismatches(capture))} does not reproduce the counts")
     return out

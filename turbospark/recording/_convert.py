@@ -64,6 +64,20 @@ def core_arguments(
     return layers, experts, k, logits_at, pass_
 
 
+def trace_cap(value: Any, trace: Any) -> Optional[int]:
+    """A core's ``trace_cap``: None (unbounded) or the passes per layer the trace keeps, at least 1.
+
+    Raises TypeError/ValueError for a non-integer or a value below 1, and
+    ValueError when the trace is off: a cap on nothing would only hide a mistake.
+    """
+    if value is None:
+        return None
+    cap = whole("trace_cap", value, 1, 2**63 - 1)
+    if not trace:
+        raise ValueError(f"trace_cap={cap} needs the trace on (trace=True): it caps the trace's passes per layer")
+    return cap
+
+
 def check_layer(layer: Any, num_layers: int) -> int:
     """Return ``layer`` as an int in ``[0, num_layers)``; raise TypeError or IndexError."""
     if isinstance(layer, _BOOLS):

@@ -22,6 +22,7 @@ TRACE = "TURBOSPARK_ROUTER_TRACE"
 PILOT = "TURBOSPARK_PILOT_PROBE"
 LOGITS_LAYER = "TURBOSPARK_ROUTER_LOGITS_LAYER"
 LOGITS_PASS = "TURBOSPARK_ROUTER_LOGITS_PASS"
+TRACE_CAP = "TURBOSPARK_ROUTER_TRACE_CAP"
 
 _USIZE = re.compile(r"\+?[0-9]+\Z", re.ASCII)
 _USIZE_MAX = 2**64 - 1
@@ -35,6 +36,8 @@ class EnvConfig:
     trace: bool
     pilot: Optional[str]
     router_logits: Optional[tuple[int, int]]
+    # Passes per layer the trace keeps (TURBOSPARK_ROUTER_TRACE_CAP); None: unbounded.
+    trace_cap: Optional[int] = None
 
 
 def parse_usize(text: str) -> Optional[int]:
@@ -73,6 +76,18 @@ def _router_logits(environ: Mapping[str, str], num_layers: int) -> Optional[tupl
     return (layer, pass_)
 
 
+def _trace_cap(environ: Mapping[str, str]) -> Optional[int]:
+    """``TURBOSPARK_ROUTER_TRACE_CAP`` as a positive integer; None (unbounded) when unset, warned when unusable."""
+    raw = environ.get(TRACE_CAP)
+    if raw is None:
+        return None
+    value = parse_usize(raw)
+    if value is None or not 1 <= value <= 2**63 - 1:
+        _warn(f"ignoring {TRACE_CAP}={raw!r}: not a positive integer (passes per layer); the trace is not capped")
+        return None
+    return value
+
+
 def config_from_env(num_layers: int, environ: Optional[Mapping[str, str]] = None) -> Optional[EnvConfig]:
     """The recorder configuration the environment asks for, or None when recording is off."""
     env = os.environ if environ is None else environ
@@ -85,4 +100,5 @@ def config_from_env(num_layers: int, environ: Optional[Mapping[str, str]] = None
         trace=TRACE in env,
         pilot=None if probe is None else ("self" if probe == "self" else "next"),
         router_logits=_router_logits(env, num_layers),
+        trace_cap=_trace_cap(env),
     )

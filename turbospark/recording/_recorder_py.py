@@ -9,6 +9,11 @@ Order of checks, identical in both cores (the first failing one raises, and
 nothing is recorded): closed recorder, layer type, layer range, container
 type or dtype, shape, empty selection, length against the known ``top_k``,
 then each id in position order (type, then range).
+
+With a ``trace_cap`` of N, each layer keeps its first N passes: the trace,
+the predictions and record_batch's tags hold rows 0..N-1 only (so every kept
+row stays aligned), while counts and passes go on counting every pass; the
+JSON then says ``trace_cap`` and, per layer, how many passes it dropped.
 """
 
 from __future__ import annotations
@@ -83,12 +88,14 @@ class RecorderCore:
         pilot: Optional[str],
         logits_layer: int,
         logits_pass: int,
+        trace_cap: Optional[int] = None,
     ) -> None:
         if hasattr(self, "_state"):
             raise RuntimeError("a recorder core is initialised once")
         num_layers, num_experts, top_k, logits_layer, logits_pass = _convert.core_arguments(
             num_layers, num_experts, top_k, pilot, logits_layer, logits_pass
         )
+        self._cap = _convert.trace_cap(trace_cap, trace)
         self._num_layers = num_layers
         self._num_experts = num_experts
         layers = (_Layer((0,) * num_experts, 0, 0, 0),) * num_layers if num_layers else ()
@@ -130,6 +137,14 @@ class RecorderCore:
     def trace_enabled(self) -> bool:
         return self._trace is not None
 
+    @property
+    def trace_cap(self) -> Optional[int]:
+        return self._cap
+
+    def _kept(self, passes: int) -> int:
+        """How many of a layer's first ``passes`` passes the trace (and its tags) keep."""
+        return passes if self._cap is None else min(passes, self._cap)
+
     def pilot_offset(self) -> int:
         return 0 if self._self_test else 1
 
@@ -162,20 +177,24 @@ class RecorderCore:
         """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``), with their
         (sequence ids, phase) ``tags`` when given, and commit them all at once."""
         layer = state.layers[index]
+        # Under a cap only the rows before it are kept (the first N passes of the layer).
+        first = self._kept(layer.passes)
+        keep = self._kept(layer.passes + rows) - first
+        width = len(ids) // rows
         trace_len = layer.trace_len
         if self._trace is not None:
-            _append(self._trace[index], trace_len, ids)
-            trace_len += len(ids)
+            _append(self._trace[index], trace_len, ids[: keep * width])
+            trace_len += keep * width
         tag_len = layer.tag_len
         if tags is not None:
             # Untagged passes before these read as the defaults; then this block's tags.
             seq, phase = self._seq[index], self._phase[index]
-            pad = layer.passes - tag_len
+            pad = first - tag_len
             _append(seq, tag_len, array("q", [_sequences.DEFAULT_SEQ] * pad))
-            seq.frombytes(tags[0].astype(np.int64, copy=False).tobytes())
-            _append(self._phase[index], tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * rows))
-            tag_len = layer.passes + rows
-        top_k = state.top_k or len(ids) // rows
+            seq.frombytes(tags[0][:keep].astype(np.int64, copy=False).tobytes())
+            _append(self._phase[index], tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * keep))
+            tag_len = first + keep
+        top_k = state.top_k or width
         self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows,
                                                   tag_len=tag_len), top_k, state.pred_k, tags is not None)
 
@@ -264,9 +283,12 @@ class RecorderCore:
         if self._pred is None:
             return
         current = state.layers[index]
-        _append(self._pred[index], current.pred_len, ids)
+        # Under a cap a layer keeps its first N predictions, aligned with the first N passes.
+        first = current.pred_len // width
+        keep = self._kept(first + len(ids) // width) - first
+        _append(self._pred[index], current.pred_len, ids[: keep * width])
         pred_k = width if expected == 0 else state.pred_k
-        self._commit(state, index, current._replace(pred_len=current.pred_len + len(ids)), state.top_k, pred_k)
+        self._commit(state, index, current._replace(pred_len=current.pred_len + keep * width), state.top_k, pred_k)
 
     def record_router_logits(self, layer: SupportsIndex, logits: LogitRow) -> None:
         if self._logits_layer < 0:
@@ -337,15 +359,18 @@ class RecorderCore:
         if self._trace is not None:
             rows = (flat[: layer.trace_len] for flat, layer in zip(self._trace, state.layers))
             parts.append(f',"trace":[{_json_rows(rows)}]')
+            if self._cap is not None:
+                dropped = [layer.passes - self._kept(layer.passes) for layer in state.layers]
+                parts.append(f',"trace_cap":{self._cap},"trace_dropped":[{",".join(map(str, dropped))}]')
         if self._pred is not None:
             rows = (flat[: layer.pred_len] for flat, layer in zip(self._pred, state.layers))
             parts.append(f',"pred":[{_json_rows(rows)}]')
         head = "".join(parts).encode("ascii") + tail
         if not state.tagged:
             return head
-        seq_rows = (_padded(flat, layer.tag_len, layer.passes, _sequences.DEFAULT_SEQ)
+        seq_rows = (_padded(flat, layer.tag_len, self._kept(layer.passes), _sequences.DEFAULT_SEQ)
                     for flat, layer in zip(self._seq, state.layers))
-        phase_rows = (_padded(flat, layer.tag_len, layer.passes, _sequences.DEFAULT_PHASE)
+        phase_rows = (_padded(flat, layer.tag_len, self._kept(layer.passes), _sequences.DEFAULT_PHASE)
                       for flat, layer in zip(self._phase, state.layers))
         return head + f',"seq":[{_json_rows(seq_rows)}],"phase":[{_json_rows(phase_rows)}]'.encode("ascii")
 

@@ -106,8 +106,10 @@ class _Facade(_CoreBase):
         trace: bool = False,
         pilot: Optional[str] = None,
         router_logits: Optional[tuple[int, int]] = None,
+        trace_cap: Optional[int] = None,
     ) -> None:
-        self._start(path, num_layers, num_experts, top_k, trace, pilot, router_logits, from_env=False)
+        self._start(path, num_layers, num_experts, top_k, trace, pilot, router_logits, from_env=False,
+                    trace_cap=trace_cap)
 
     def _start(
         self,
@@ -121,6 +123,7 @@ class _Facade(_CoreBase):
         *,
         from_env: bool,
         given: frozenset[str] = frozenset(),
+        trace_cap: Optional[int] = None,
     ) -> None:
         """Check the configuration and start recording.
 
@@ -136,6 +139,11 @@ class _Facade(_CoreBase):
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
+        if from_env and trace_cap is not None and not trace:
+            warn_caller(f"ignoring {_env.TRACE_CAP}={trace_cap}: " + ("trace=False" if "trace" in given else
+                        f"{_env.TRACE} is not set") + "; there is no trace to cap")
+            trace_cap = None
+        cap = _convert.trace_cap(trace_cap, trace)
         for problem in _useless(layers, experts, k, from_env=from_env):
             if from_env:
                 warn_caller(problem)
@@ -158,7 +166,7 @@ class _Facade(_CoreBase):
         # behind to write.
         if _sigterm.requested():
             _sigterm.install(_lifecycle.finish_all)
-        super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass)
+        super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass, cap)
         self._path = path
         self._owner_pid = os.getpid()
         # Staged data (the device path) to hand to the core before any write.
@@ -216,6 +224,7 @@ class _Facade(_CoreBase):
             config.router_logits,
             from_env=True,
             given=given,
+            trace_cap=config.trace_cap,
         )
         return recorder
 
@@ -239,8 +248,24 @@ class _Facade(_CoreBase):
         """A copy of the routed-pass count of each layer: (num_layers,) int64."""
         return self._passes_array()
 
+    @property
+    def trace_dropped(self) -> Optional[np.ndarray]:
+        """Per layer, the passes recorded beyond ``trace_cap`` (counted, not traced): (num_layers,) int64.
+
+        None when no cap is set. Each layer's trace, predictions and tags keep
+        its first ``trace_cap`` passes; counts and ``passes`` keep every pass.
+        """
+        cap = self.trace_cap
+        if cap is None:
+            return None
+        passes = self._passes_array()
+        return passes - np.minimum(passes, cap)
+
     def trace(self, layer: int) -> Optional[np.ndarray]:
-        """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off."""
+        """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off.
+
+        With ``trace_cap`` set, the layer's first ``trace_cap`` passes at most.
+        """
         return self._trace_array(layer)
 
     def predictions(self, layer: int) -> Optional[np.ndarray]:
@@ -409,13 +434,17 @@ class RouterHistogram(_Facade, RecorderCore):
     """Per-layer router top-k histogram, with optional trace, pilot probe and logit row.
 
     ``RouterHistogram(path, num_layers, num_experts, top_k=0, *, trace=False,
-    pilot=None, router_logits=None)``: ``top_k == 0`` learns it from the first
-    ``record``; ``pilot`` is None, ``"next"`` or ``"self"``; ``router_logits``
-    is None or a ``(layer, pass)`` pair. ``RouterHistogram.from_env(...)``
+    pilot=None, router_logits=None, trace_cap=None)``: ``top_k == 0`` learns it
+    from the first ``record``; ``pilot`` is None, ``"next"`` or ``"self"``;
+    ``router_logits`` is None or a ``(layer, pass)`` pair; ``trace_cap`` is None
+    (unbounded) or N >= 1: each layer's trace, predictions and tags keep its
+    first N passes, counts keep every pass, and the capture says how many
+    passes each layer dropped (``trace_dropped``). ``RouterHistogram.from_env(...)``
     configures it from the ``TURBOSPARK_*`` variables instead.
 
     The constructor raises ValueError for a capture that cannot be useful
-    (``num_layers == 0``, ``top_k > num_experts``), an OSError naming the path
+    (``num_layers == 0``, ``top_k > num_experts``, a ``trace_cap`` without the
+    trace or below 1), an OSError naming the path
     when the destination cannot be written, and warns (RuntimeWarning) about a
     pilot with the trace off, whose predictions could never be scored.
 
