@@ -145,3 +145,14 @@ def test_mypy_strict_rejects_calls_of_the_wrong_types(tmp_path: Path) -> None:
     assert result.returncode == 1
     flagged = sorted({int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line})
     assert flagged == [4, 5, 6, 7], result.stdout
+
+
+def test_the_trace_cap_example(tmp_path: Path, monkeypatch: Any, capfd: Any) -> None:
+    source = example("trace-cap")
+    printed = run(source, tmp_path, monkeypatch).splitlines()
+    assert printed[0] == "[5, 0] [3, 0] [[0, 7], [1, 7]]"
+    # The document the example shows is the one it prints, and the one written.
+    shown = re.search(r"^# (\{.*\})$", source, re.M)
+    assert shown is not None and printed[1] == shown.group(1)
+    assert (tmp_path / "capped.json").read_text() == shown.group(1)
+    assert capfd.readouterr().err == "[router-hist] wrote capped.json\n"
