@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import turbospark
+from childproc import run_script
 from turbospark import RouterHistogram
 
 HIST = "TURBOSPARK_ROUTER_HIST"
@@ -249,3 +250,28 @@ def test_capped_equals_the_uncapped_prefix_on_both_cores(cores: Any, tmp_path: A
     finally:
         for hist in made:
             hist.discard()
+
+
+def test_a_capped_trace_stays_bounded_in_a_child(tmp_path: Any) -> None:
+    # 4 layers x 1 M passes x top-8: 128 MiB of trace uncapped; capped at 100 passes, a few KiB
+    # (plus one block of spare room per layer). Peak RSS must not grow by anything near the uncapped size.
+    code = """
+        import resource
+        import numpy as np
+        from turbospark import RouterHistogram
+        block = (np.arange(4096 * 8, dtype=np.int32).reshape(4096, 8) % 64)
+        hist = RouterHistogram(os.path.join(sys.argv[1], "big.json"), 4, 64, 8, trace=True, trace_cap=100)
+        hist.record_many(0, block)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for _ in range(245):
+            for layer in range(4):
+                hist.record_many(layer, block)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print(grown, hist.passes.tolist(), hist.trace_dropped.tolist(), hist.trace(3).shape)
+        hist.discard()
+    """
+    result = run_script(tmp_path, code, str(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr
+    grown, rest = result.stdout.split(" ", 1)
+    assert rest == "[1007616, 1003520, 1003520, 1003520] [1007516, 1003420, 1003420, 1003420] (100, 8)\n"
+    assert int(grown) < 16 * 1024, f"peak RSS grew by {grown} KiB while recording a capped trace"
