@@ -161,6 +161,7 @@ def routed_experts(capture: Capture) -> RoutedExperts:
             # Layers in order: a token keeps the phase of the lowest layer that routed it.
             unset = phase[rows] < 0
             phase[rows[unset]] = capture.phase[layer][unset]
+    # Sequence indices need no fill: the smallest dtype that holds num_seqs - 1.
     seq_dtype = id_dtype(max(num_seqs - 1, 0))
     pass_seq = np.concatenate([np.zeros(0, seq_dtype), *(row.astype(seq_dtype) for row in index)])
     pass_offsets = np.zeros(layers + 1, dtype=np.int64)
