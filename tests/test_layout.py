@@ -40,7 +40,7 @@ def test_the_analysis_wing_loads_no_core_and_no_extra() -> None:
         "import turbospark.analysis\n"
         "from turbospark.analysis import capture, capture_sequences, compare, holdout, merge, metrics\n"
         "from turbospark.analysis import plot, plot_placement, report, sequences\n"
-        "from turbospark.analysis import cache, plot_cache, _cache_py, _cache_kernels\n"
+        "from turbospark.analysis import cache, plot_cache, _cache_py, _cache_kernels, replay\n"
         "import turbospark.placement, turbospark.placement.document, turbospark.placement.formats\n"
         "import turbospark.cli\n"
     )

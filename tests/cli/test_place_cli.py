@@ -1,4 +1,4 @@
-"""``turbospark place`` / ``export`` / ``analyze --placement``: formats, out-of-sample figures, batches, errors."""
+"""``turbospark place`` / ``export`` (sglang, routed-experts) / ``analyze --placement``: formats, out-of-sample figures, batches, errors."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from turbospark.analysis.replay import load_routed_experts
 from turbospark.cli import main
 from turbospark.placement.formats import parse_trtllm, read_placement
 from turbospark.placement.samples import batch_counts
@@ -382,3 +383,44 @@ def test_files_for_the_engines_say_what_they_need(tmp_path: Path, capfd: pytest.
     assert capfd.readouterr().err == (f"turbospark: -o {tmp_path / 'map.txt'}: SGLang reads --init-expert-location "
                                       "as a file only when its name ends in .json; name it like placement.json\n")
     assert not (tmp_path / "map.txt").exists()
+
+
+def test_export_routed_experts_writes_the_npz_and_says_what_it_holds(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    out = tmp_path / "routed.npz"
+    assert main(["export", path, "--to", "routed-experts", "-o", str(out)]) == 0
+    assert capfd.readouterr() == (f"wrote {out}: 1 sequence, 9 tokens x 2 layers (1 routed) x top-2, uint8, fill 255\n", "")
+    replay = load_routed_experts(out)
+    assert replay.routed_experts[:, 0].tolist() == PASSES
+    assert replay.routed_experts[:, 1].tolist() == [[255, 255]] * 9  # layer 1 never routes
+    assert (replay.cu_seqlens.tolist(), replay.routed_layers.tolist(), replay.tagged) == ([0, 9], [0], False)
+    # sglang still writes counts.
+    assert main(["export", path, "--to", "sglang"]) == 0
+    assert capfd.readouterr().out == '{"logical_count":[[1,9,4,4],[0,0,0,0]]}\n'
+
+
+@pytest.mark.parametrize("output", [None, "-"])
+def test_export_routed_experts_needs_a_file(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                            output: str | None) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    assert main(["export", path, "--to", "routed-experts", *(["-o", output] if output else [])]) == 2
+    assert capfd.readouterr() == ("", "turbospark: --to routed-experts writes a binary .npz: give -o FILE "
+                                      "(like routed_experts.npz)\n")
+
+
+def test_export_routed_experts_refuses_a_counts_only_capture(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "counts.json"
+    path.write_text('{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[0,1]]}')
+    out = tmp_path / "routed.npz"
+    assert main(["export", str(path), "--to", "routed-experts", "-o", str(out)]) == 2
+    assert capfd.readouterr() == ("", f"turbospark: {path} has counts but no trace: routed experts need the order "
+                                      "of the passes (record with trace=True, or TURBOSPARK_ROUTER_TRACE=1)\n")
+    assert not out.exists()
+
+
+def test_export_routed_experts_cannot_write(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    target = tmp_path / "missing" / "routed.npz"
+    assert main(["export", path, "--to", "routed-experts", "-o", str(target)]) == 2
+    assert capfd.readouterr().err.startswith(f"turbospark: cannot write {target}: ")

@@ -13,6 +13,7 @@ import numpy as np
 from ._io import UsageError, emit, read_capture, run_guarded
 from ..analysis.capture_sequences import exact_fraction
 from ..analysis.capture import Capture
+from ..analysis.replay import routed_experts, save_routed_experts
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
 from ..placement.formats import FORMATS, read_placement_file, render
@@ -66,13 +67,17 @@ def add_commands(commands: Any, positive: Any) -> None:
     cmd.set_defaults(run=lambda args: run_guarded(_run_place, args))
 
     export = commands.add_parser(
-        "export", help="write a capture's counts for a runtime that runs its own balancer",
-        description="Write the per-layer expert counts as SGLang's "
-        '--init-expert-location {"logical_count": ...} file.',
+        "export", help="write a capture's counts for a runtime's balancer, or its routing for replay in RL training",
+        description="--to sglang: the per-layer expert counts as SGLang's "
+        '--init-expert-location {"logical_count": ...} file. --to routed-experts: the trace per token, '
+        "(tokens, layers, top_k) per sequence, ragged with cu_seqlens, as an .npz for routing replay "
+        "(vLLM's routed_experts layout; see docs/replay.md).",
     )
     export.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
-    export.add_argument("--to", choices=("sglang",), required=True, help="target runtime")
-    export.add_argument("-o", "--output", metavar="FILE", help="file to write (default: stdout)")
+    export.add_argument("--to", choices=("sglang", "routed-experts"), required=True,
+                        help="sglang (counts) or routed-experts (the trace per token, needs the trace)")
+    export.add_argument("-o", "--output", metavar="FILE",
+                        help="file to write (default: stdout; routed-experts needs a FILE, it is binary)")
     export.set_defaults(run=lambda args: run_guarded(_run_export, args))
 
 
@@ -177,11 +182,32 @@ def _fmt(value: Optional[float]) -> str:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    if args.to == "routed-experts":
+        return _export_routed_experts(args)
     capture, _ = read_capture(args.capture)
     if capture.num_experts == 0:
         raise UsageError(f"{args.capture} has no experts to export")
     counts: np.ndarray = capture.counts
     emit(json.dumps({"logical_count": counts.tolist()}, separators=(",", ":")) + "\n", args.output)
+    return 0
+
+
+def _export_routed_experts(args: argparse.Namespace) -> int:
+    if args.output in (None, "-"):
+        raise UsageError("--to routed-experts writes a binary .npz: give -o FILE (like routed_experts.npz)")
+    capture, _ = read_capture(args.capture)
+    if capture.trace is None:
+        raise UsageError(f"{args.capture} has counts but no trace: routed experts need the order of the passes "
+                         "(record with trace=True, or TURBOSPARK_ROUTER_TRACE=1)")
+    replay = routed_experts(capture)
+    try:
+        save_routed_experts(replay, args.output)
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    ids = replay.routed_experts
+    plural = "" if replay.num_seqs == 1 else "s"
+    print(f"wrote {args.output}: {replay.num_seqs} sequence{plural}, {ids.shape[0]} tokens x {ids.shape[1]} layers "
+          f"({replay.routed_layers.shape[0]} routed) x top-{ids.shape[2]}, {ids.dtype}, fill {replay.fill}")
     return 0
 
 
