@@ -128,6 +128,11 @@ class _Session:
         self.patched: list[tuple[nn.Module, str, Any]] = []
         # Router hook calls per layer: a call whose routers stayed silent is refused.
         self.fired = [0] * len(routing.layers)
+        # Forward calls of the decoder stack so far, and the call each router last fired in: a
+        # router that fires twice in one call (a looped or shared layer) refuses the capture.
+        self.stack_calls = 0
+        self.fired_in_call = [-1] * len(routing.layers)
+        self.refused = False
         self._fired_at_call: Optional[list[int]] = None
         # Per forward call: which rows to keep (None: all), their sequence ids, the phase.
         self.mask: Optional[torch.Tensor] = None
@@ -149,6 +154,7 @@ class _Session:
         self._run_eagerly()
         self.handles.append(self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
         self.handles.append(self.model.register_forward_hook(self._after_model_call))
+        self.handles.append(_decoder_stack(self.model, self.routing).register_forward_pre_hook(self._on_stack_call))
         for site in self.routing.sites:
             self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
         if self.probe is not None:
@@ -365,10 +371,25 @@ class _Session:
             return None  # no mask, or a prepared 4-D one: every row is a token
         return attention_mask[:, -length:].to(torch.bool)
 
+    def _on_stack_call(self, module: nn.Module, args: tuple) -> None:
+        self.stack_calls += 1
+
+    def _refuse_refire(self, site: RouterSite) -> None:
+        self.refused = True
+        raise RuntimeError(
+            f"capture() cannot record {type(self.model).__name__}: the router of decoder layer {site.layer} "
+            f"({site.name}) ran twice in one forward call (a looped or shared decoder layer routes each token more "
+            "than once per forward, and a capture holds one pass per token and layer); the capture is discarded, "
+            "nothing is written"
+        )
+
     def _router_hook(self, site: RouterSite) -> Any:
-        sink, layer, fired = self.sink, site.layer, self.fired
+        sink, layer, fired, fired_in_call = self.sink, site.layer, self.fired, self.fired_in_call
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if fired_in_call[layer] == self.stack_calls:
+                self._refuse_refire(site)
+            fired_in_call[layer] = self.stack_calls
             fired[layer] += 1
             sink.selections(layer, site.ids(output), self.mask, self.seq, self.phase)
 
@@ -427,7 +448,13 @@ def capture(
     ``ValueError`` naming the setting before the model runs; with the probe
     on, the first forward call raises ``RuntimeError`` when a norm the probe
     uses does not produce exactly its router's input; any ``generate`` or
-    forward call whose routers did not all run raises ``RuntimeError``.
+    forward call whose routers did not all run raises ``RuntimeError``; a
+    router that fires twice in one forward call of the decoder stack (a
+    looped or shared decoder layer) raises ``RuntimeError`` naming the
+    layer, and the capture is then discarded (no file written). Models
+    whose config declares looped layers (transformers'
+    ``num_hidden_layers_key``, e.g. Inkling2Loop) are refused up front with
+    ``TypeError``.
 
     ``model`` may be the wrapper ``torch.compile`` returns (the module it
     wraps is recorded); for the block, compiled calls of the model run the
@@ -477,7 +504,26 @@ def capture(
     finally:
         session.remove()
         _active.discard(model)
-        recorder.close()  # drains the sink's waiting blocks first
+        if session.refused:
+            recorder.discard()  # a router fired twice in one call: its passes are not one per token
+        else:
+            recorder.close()  # drains the sink's waiting blocks first
+
+
+def _decoder_stack(model: nn.Module, routing: Routing) -> nn.Module:
+    """The module whose forward runs the decoder layers: the nearest common ancestor of them all that is not a container."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    parts = [paths[id(layer)].split(".") for layer in routing.layers]
+    common: list[str] = []
+    for names in zip(*parts):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    if len(routing.layers) == 1:
+        common = common[:-1]  # the one layer itself is not its own stack
+    while common and isinstance(model.get_submodule(".".join(common)), (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+        common.pop()
+    return model.get_submodule(".".join(common)) if common else model
 
 
 def _device(routing: Routing) -> torch.device:
