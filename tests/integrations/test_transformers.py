@@ -684,6 +684,36 @@ def test_assisted_generation_is_refused_naming_the_argument(tmp_path: Any) -> No
     model.generate(**kwargs, prompt_lookup_num_tokens=3)
 
 
+BEAMS = ("capture() cannot record beam search ({}): it reorders the batch rows every step (each row continues whichever "
+         "beam it is handed), so the sequence tags, which follow batch rows, would follow no beam, and beams it drops "
+         "would be recorded as sequences; generate with num_beams=1 inside capture()")
+
+
+def test_beam_search_is_refused_naming_the_argument(tmp_path: Any) -> None:
+    model = build("mixtral")
+    path = tmp_path / "c.json"
+    kwargs = dict(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=4, min_new_tokens=4)
+    with capture(model, path, trace=True) as rec:
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, num_beams=3, do_sample=False)
+        assert str(caught.value) == BEAMS.format("num_beams=3")
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, num_beams=2, do_sample=True)
+        assert str(caught.value) == BEAMS.format("num_beams=2, do_sample=True")
+        model.generation_config.num_beams = 4  # a default set on the model counts too
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, do_sample=False)
+        assert str(caught.value) == BEAMS.format("num_beams=4")
+        # Refused before the model ran: nothing recorded; num_beams=1 still records exactly.
+        assert rec.passes.tolist() == [0, 0, 0]
+        out = model.generate(**kwargs, num_beams=1, do_sample=False)
+    model.generation_config.num_beams = 1
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes) == (True, 9)
+    # Outside a capture, beam search is the model's business.
+    model.generate(**kwargs, num_beams=3, do_sample=False)
+
+
 def _compiled(model: Any, how: str) -> Any:
     """``model`` compiled (eager backend: dynamo's tracing without inductor), as a user would: returns what to call."""
     if how == "wrapper":

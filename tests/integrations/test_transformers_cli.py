@@ -56,6 +56,18 @@ def test_record_command_end_to_end(checkpoint: Any, tmp_path: Any) -> None:
     assert (cap.pred[2] == cap.trace[2]).all()
 
 
+def test_record_command_generates_greedily_from_a_beam_search_checkpoint(tmp_path: Any, capfd: Any) -> None:
+    model = save_checkpoint("qwen3_moe", tmp_path / "ckpt")
+    model.generation_config.num_beams = 4  # capture() refuses beam search: record must not inherit it
+    model.generation_config.save_pretrained(tmp_path / "ckpt")
+    out = tmp_path / "c.json"
+    assert main(["record", str(tmp_path / "ckpt"), "--prompt", "the router picks", "--max-new-tokens", "3",
+                 "--trace", "-o", str(out)]) == 0
+    assert "[turbospark record] batch 1/1: 1 prompt(s), 3 new tokens\n" in capfd.readouterr().err
+    # "the router picks": 3 prompt tokens, then 2 fed decode tokens; layer 1 is dense.
+    assert [t.shape[0] for t in turbospark.load(out).trace] == [5, 0, 5]
+
+
 def test_record_command_refuses_what_it_cannot_use(tmp_path: Any, capfd: Any) -> None:
     assert main(["record", str(tmp_path / "missing"), "--prompt", "the", "-o", str(tmp_path / "c.json")]) == 2
     assert capfd.readouterr().err == f"turbospark record: {tmp_path / 'missing'} is not a local checkpoint folder\n"

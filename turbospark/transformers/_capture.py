@@ -16,7 +16,10 @@ wrapped, and put back on exit): ``_prefill`` (the calls inside it are prompt
 tokens), ``_get_stopping_criteria`` (its result is wrapped so the capture
 sees which sequences each step finishes) and ``_validate_generation_mode``
 (assisted generation is refused before the model runs: its candidate
-tokens are routed in blocks the decode-step rules cannot follow).
+tokens are routed in blocks the decode-step rules cannot follow; so is
+beam search, ``num_beams > 1``: it reorders the batch rows every step,
+and a beam's tokens are routed on whichever row holds it then, which
+sequence tags that follow rows cannot express).
 
 Everything that can refuse the capture (the model's routers, the probe's
 norms, the arguments) is resolved before the recorder exists, so a refused
@@ -291,8 +294,8 @@ class _Session:
             # (generation_mode, generation_config, generation_mode_kwargs), as generate passes them.
             names = ("generation_mode", "generation_config", "generation_mode_kwargs")
             values = dict(zip(names, args), **kwargs)
-            refusal = _assisted_refusal(values.get("generation_mode"), values.get("generation_config"),
-                                        values.get("generation_mode_kwargs") or {})
+            mode, config = values.get("generation_mode"), values.get("generation_config")
+            refusal = _assisted_refusal(mode, config, values.get("generation_mode_kwargs") or {}) or _beam_refusal(mode, config)
             if refusal:
                 raise ValueError(refusal)
             return validate(*args, **kwargs)
@@ -445,7 +448,9 @@ def capture(
     pre-MoE norm, ``RuntimeError`` when a capture is already running on the
     model. Inside the block, a ``generate`` call in assisted mode
     (``assistant_model=``, ``prompt_lookup_num_tokens=``, ...) raises
-    ``ValueError`` naming the setting before the model runs; with the probe
+    ``ValueError`` naming the setting before the model runs, and so does
+    beam search (``num_beams`` > 1, beam sampling, group or constrained
+    beam search); with the probe
     on, the first forward call raises ``RuntimeError`` when a norm the probe
     uses does not produce exactly its router's input; any ``generate`` or
     forward call whose routers did not all run raises ``RuntimeError``; a
@@ -549,6 +554,26 @@ def _assisted_refusal(mode: Any, config: Any, mode_kwargs: dict) -> str:
     return (
         f"capture() cannot record assisted generation ({what}): the model verifies blocks of candidate "
         "tokens per step, which the capture would record as one decode token; generate without it inside capture()"
+    )
+
+
+def _beam_refusal(mode: Any, config: Any) -> str:
+    """Why ``generate`` in this mode cannot be recorded ("" when it can): any beam method, naming its settings."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    beams = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.CONSTRAINED_BEAM_SEARCH,
+             GenerationMode.GROUP_BEAM_SEARCH)
+    if mode not in beams:
+        return ""
+    triggers = [f"num_beams={getattr(config, 'num_beams', None)!r}"]
+    for name, inert in (("num_beam_groups", 1), ("do_sample", False), ("constraints", None), ("force_words_ids", None)):
+        value = getattr(config, name, None)
+        if value is not None and value != inert:
+            triggers.append(f"{name}={value!r}" if name != "constraints" else f"constraints=[{len(value)} constraint(s)]")
+    return (
+        f"capture() cannot record beam search ({', '.join(triggers)}): it reorders the batch rows every step (each row "
+        "continues whichever beam it is handed), so the sequence tags, which follow batch rows, would follow no beam, "
+        "and beams it drops would be recorded as sequences; generate with num_beams=1 inside capture()"
     )
 
 
