@@ -129,6 +129,9 @@ def test_list_verdicts_match_what_capture_does(tmp_path: Any) -> None:
     verdicts = {family.name: family for family in families()}
     assert (verdicts["mixtral"].problem, verdicts["mixtral"].probe, verdicts["mixtral"].checked) == ("", "", True)
     assert verdicts["flex_olmo"].supported and verdicts["flex_olmo"].probe.startswith("refused on the first forward call")
+    # Only the router checked: not called supported.
+    assert (verdicts["qwen4_exp"].problem, verdicts["qwen4_exp"].checked, verdicts["qwen4_exp"].supported) == ("", False, False)
+    assert not verdicts["inkling2_loop"].supported
     # mixtral: the probe records exactly (self-test: every prediction is the routed ids).
     path = tmp_path / "c.json"
     prompt = torch.tensor([[1, 5, 9, 13]])

@@ -49,7 +49,8 @@ class Family:
 
     @property
     def supported(self) -> bool:
-        return not self.problem
+        """Every set-up check of ``capture`` passed: counts and trace are recorded exactly (the probe: see ``probe``)."""
+        return not self.problem and self.checked
 
 
 def _module_names() -> list[str]:
@@ -190,9 +191,9 @@ def format_families(found: list[Family]) -> str:
     each line), families whose default config builds no model (only the
     router was checked), and the families ``capture`` refuses, with why.
     """
-    supported = [f for f in found if f.supported and f.checked]
-    unchecked = [f for f in found if f.supported and not f.checked]
-    others = [f for f in found if not f.supported]
+    supported = [f for f in found if f.supported]
+    unchecked = [f for f in found if not f.problem and not f.checked]
+    others = [f for f in found if f.problem]
     lines = [
         f"supported ({len(supported)} families): counts and trace recorded exactly; "
         "probe yes = pilot= records exactly, else why it is refused:"
