@@ -684,6 +684,36 @@ def test_assisted_generation_is_refused_naming_the_argument(tmp_path: Any) -> No
     model.generate(**kwargs, prompt_lookup_num_tokens=3)
 
 
+BEAMS = ("capture() cannot record beam search ({}): it reorders the batch rows every step (each row continues whichever "
+         "beam it is handed), so the sequence tags, which follow batch rows, would follow no beam, and beams it drops "
+         "would be recorded as sequences; generate with num_beams=1 inside capture()")
+
+
+def test_beam_search_is_refused_naming_the_argument(tmp_path: Any) -> None:
+    model = build("mixtral")
+    path = tmp_path / "c.json"
+    kwargs = dict(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=4, min_new_tokens=4)
+    with capture(model, path, trace=True) as rec:
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, num_beams=3, do_sample=False)
+        assert str(caught.value) == BEAMS.format("num_beams=3")
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, num_beams=2, do_sample=True)
+        assert str(caught.value) == BEAMS.format("num_beams=2, do_sample=True")
+        model.generation_config.num_beams = 4  # a default set on the model counts too
+        with pytest.raises(ValueError) as caught:
+            model.generate(**kwargs, do_sample=False)
+        assert str(caught.value) == BEAMS.format("num_beams=4")
+        # Refused before the model ran: nothing recorded; num_beams=1 still records exactly.
+        assert rec.passes.tolist() == [0, 0, 0]
+        out = model.generate(**kwargs, num_beams=1, do_sample=False)
+    model.generation_config.num_beams = 1
+    result = verify(model, path, out, torch.ones_like(PROMPT))
+    assert (result.ok, result.passes) == (True, 9)
+    # Outside a capture, beam search is the model's business.
+    model.generate(**kwargs, num_beams=3, do_sample=False)
+
+
 def _compiled(model: Any, how: str) -> Any:
     """``model`` compiled (eager backend: dynamo's tracing without inductor), as a user would: returns what to call."""
     if how == "wrapper":
@@ -772,3 +802,69 @@ def test_a_probe_norm_that_does_not_feed_the_router_is_refused_on_the_first_call
         out = model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3,
                              do_sample=False)
     assert verify(model, path, out, torch.ones_like(PROMPT)).ok
+
+
+def _looped_model() -> Any:
+    """A tiny Inkling2Loop: 4 decoder layers, layers 1 and 2 looped twice per forward (6 layer calls)."""
+    import transformers as hf
+
+    from hf_models import COMMON
+
+    config = hf.Inkling2LoopTextConfig(
+        **{**COMMON, "num_hidden_layers": 4}, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+        swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=8, head_dim=8, n_layers_per_attn_res_block=1,
+        loop_layer_index_start=1, loop_layer_index_end=3, loop_num_passes=2, loop_gate_rank=4, unpadded_vocab_size=64,
+        sliding_window_size=8, d_rel=4,
+    )
+    torch.manual_seed(0)
+    return hf.Inkling2LoopForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("pilot", [None, "next"])
+def test_looped_decoder_layers_are_refused_before_anything_is_written(pilot: Any, tmp_path: Any) -> None:
+    model = _looped_model()
+    path = tmp_path / "c.json"
+    path.write_text("earlier capture")
+    with pytest.raises(TypeError) as caught:
+        with capture(model, path, trace=True, pilot=pilot):
+            pass
+    assert str(caught.value) == (
+        "Inkling2LoopForCausalLM is not supported: it runs 6 decoder-layer calls per forward "
+        "(config.total_num_hidden_layers) over its 4 decoder layers, so looped layers route every token more than "
+        "once per forward, and a capture holds one pass per token and layer")
+    assert path.read_text() == "earlier capture"
+    with pytest.raises(TypeError):
+        find_routing(model)
+
+
+def test_a_router_that_fires_twice_in_one_forward_is_refused_and_nothing_is_written(tmp_path: Any) -> None:
+    model = build("mixtral")
+    layer = model.model.layers[1]
+    once = layer.forward
+
+    def twice(*args: Any, **kwargs: Any) -> Any:
+        # A shared layer run twice per forward, as a loop would.
+        once(*args, **kwargs)
+        return once(*args, **kwargs)
+
+    layer.forward = twice
+    path = tmp_path / "c.json"
+    with capture(model, path, trace=True):
+        with pytest.raises(RuntimeError) as caught:
+            with torch.no_grad():
+                model(PROMPT)
+    assert str(caught.value) == (
+        "capture() cannot record MixtralForCausalLM: the router of decoder layer 1 (model.layers.1.mlp.gate) ran "
+        "twice in one forward call (a looped or shared decoder layer routes each token more than once per forward, "
+        "and a capture holds one pass per token and layer); the capture is discarded, nothing is written")
+    assert not path.exists()
+    # The same model without the doubled layer records one pass per token and layer (no false refusal
+    # across calls, the inner model called directly included).
+    layer.forward = once
+    with capture(model, path, trace=True):
+        with torch.no_grad():
+            model(PROMPT)
+            model.model(PROMPT)
+        model.generate(input_ids=PROMPT, attention_mask=torch.ones_like(PROMPT), max_new_tokens=3, min_new_tokens=3,
+                       do_sample=False)
+    assert [t.shape[0] for t in turbospark.load(path).trace] == [6 + 6 + 6 + 2] * 3

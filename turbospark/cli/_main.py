@@ -141,7 +141,8 @@ def _add_record_command(commands: Any) -> None:
         "record",
         help="generate with a local transformers MoE checkpoint and record its routing (needs the transformers extra)",
         description="Load a transformers checkpoint from a local folder (nothing is downloaded), generate "
-        "from the prompts, write the capture and print its analysis. Progress goes to stderr.",
+        "greedily from the prompts (do_sample=False, num_beams=1, whatever the checkpoint's generation_config "
+        "says), write the capture and print its analysis. Progress goes to stderr.",
     )
     record_cmd.add_argument("model_dir", metavar="MODEL_DIR", help="folder written by save_pretrained (model and tokenizer)")
     source = record_cmd.add_mutually_exclusive_group(required=True)

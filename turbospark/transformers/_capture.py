@@ -16,7 +16,10 @@ wrapped, and put back on exit): ``_prefill`` (the calls inside it are prompt
 tokens), ``_get_stopping_criteria`` (its result is wrapped so the capture
 sees which sequences each step finishes) and ``_validate_generation_mode``
 (assisted generation is refused before the model runs: its candidate
-tokens are routed in blocks the decode-step rules cannot follow).
+tokens are routed in blocks the decode-step rules cannot follow; so is
+beam search, ``num_beams > 1``: it reorders the batch rows every step,
+and a beam's tokens are routed on whichever row holds it then, which
+sequence tags that follow rows cannot express).
 
 Everything that can refuse the capture (the model's routers, the probe's
 norms, the arguments) is resolved before the recorder exists, so a refused
@@ -128,6 +131,11 @@ class _Session:
         self.patched: list[tuple[nn.Module, str, Any]] = []
         # Router hook calls per layer: a call whose routers stayed silent is refused.
         self.fired = [0] * len(routing.layers)
+        # Forward calls of the decoder stack so far, and the call each router last fired in: a
+        # router that fires twice in one call (a looped or shared layer) refuses the capture.
+        self.stack_calls = 0
+        self.fired_in_call = [-1] * len(routing.layers)
+        self.refused = False
         self._fired_at_call: Optional[list[int]] = None
         # Per forward call: which rows to keep (None: all), their sequence ids, the phase.
         self.mask: Optional[torch.Tensor] = None
@@ -149,6 +157,7 @@ class _Session:
         self._run_eagerly()
         self.handles.append(self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
         self.handles.append(self.model.register_forward_hook(self._after_model_call))
+        self.handles.append(_decoder_stack(self.model, self.routing).register_forward_pre_hook(self._on_stack_call))
         for site in self.routing.sites:
             self.handles.append(site.router.register_forward_hook(self._router_hook(site)))
         if self.probe is not None:
@@ -285,8 +294,8 @@ class _Session:
             # (generation_mode, generation_config, generation_mode_kwargs), as generate passes them.
             names = ("generation_mode", "generation_config", "generation_mode_kwargs")
             values = dict(zip(names, args), **kwargs)
-            refusal = _assisted_refusal(values.get("generation_mode"), values.get("generation_config"),
-                                        values.get("generation_mode_kwargs") or {})
+            mode, config = values.get("generation_mode"), values.get("generation_config")
+            refusal = _assisted_refusal(mode, config, values.get("generation_mode_kwargs") or {}) or _beam_refusal(mode, config)
             if refusal:
                 raise ValueError(refusal)
             return validate(*args, **kwargs)
@@ -365,10 +374,25 @@ class _Session:
             return None  # no mask, or a prepared 4-D one: every row is a token
         return attention_mask[:, -length:].to(torch.bool)
 
+    def _on_stack_call(self, module: nn.Module, args: tuple) -> None:
+        self.stack_calls += 1
+
+    def _refuse_refire(self, site: RouterSite) -> None:
+        self.refused = True
+        raise RuntimeError(
+            f"capture() cannot record {type(self.model).__name__}: the router of decoder layer {site.layer} "
+            f"({site.name}) ran twice in one forward call (a looped or shared decoder layer routes each token more "
+            "than once per forward, and a capture holds one pass per token and layer); the capture is discarded, "
+            "nothing is written"
+        )
+
     def _router_hook(self, site: RouterSite) -> Any:
-        sink, layer, fired = self.sink, site.layer, self.fired
+        sink, layer, fired, fired_in_call = self.sink, site.layer, self.fired, self.fired_in_call
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            if fired_in_call[layer] == self.stack_calls:
+                self._refuse_refire(site)
+            fired_in_call[layer] = self.stack_calls
             fired[layer] += 1
             sink.selections(layer, site.ids(output), self.mask, self.seq, self.phase)
 
@@ -424,10 +448,18 @@ def capture(
     pre-MoE norm, ``RuntimeError`` when a capture is already running on the
     model. Inside the block, a ``generate`` call in assisted mode
     (``assistant_model=``, ``prompt_lookup_num_tokens=``, ...) raises
-    ``ValueError`` naming the setting before the model runs; with the probe
+    ``ValueError`` naming the setting before the model runs, and so does
+    beam search (``num_beams`` > 1, beam sampling, group or constrained
+    beam search); with the probe
     on, the first forward call raises ``RuntimeError`` when a norm the probe
     uses does not produce exactly its router's input; any ``generate`` or
-    forward call whose routers did not all run raises ``RuntimeError``.
+    forward call whose routers did not all run raises ``RuntimeError``; a
+    router that fires twice in one forward call of the decoder stack (a
+    looped or shared decoder layer) raises ``RuntimeError`` naming the
+    layer, and the capture is then discarded (no file written). Models
+    whose config declares looped layers (transformers'
+    ``num_hidden_layers_key``, e.g. Inkling2Loop) are refused up front with
+    ``TypeError``.
 
     ``model`` may be the wrapper ``torch.compile`` returns (the module it
     wraps is recorded); for the block, compiled calls of the model run the
@@ -477,7 +509,26 @@ def capture(
     finally:
         session.remove()
         _active.discard(model)
-        recorder.close()  # drains the sink's waiting blocks first
+        if session.refused:
+            recorder.discard()  # a router fired twice in one call: its passes are not one per token
+        else:
+            recorder.close()  # drains the sink's waiting blocks first
+
+
+def _decoder_stack(model: nn.Module, routing: Routing) -> nn.Module:
+    """The module whose forward runs the decoder layers: the nearest common ancestor of them all that is not a container."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    parts = [paths[id(layer)].split(".") for layer in routing.layers]
+    common: list[str] = []
+    for names in zip(*parts):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    if len(routing.layers) == 1:
+        common = common[:-1]  # the one layer itself is not its own stack
+    while common and isinstance(model.get_submodule(".".join(common)), (nn.ModuleList, nn.ModuleDict, nn.Sequential)):
+        common.pop()
+    return model.get_submodule(".".join(common)) if common else model
 
 
 def _device(routing: Routing) -> torch.device:
@@ -503,6 +554,26 @@ def _assisted_refusal(mode: Any, config: Any, mode_kwargs: dict) -> str:
     return (
         f"capture() cannot record assisted generation ({what}): the model verifies blocks of candidate "
         "tokens per step, which the capture would record as one decode token; generate without it inside capture()"
+    )
+
+
+def _beam_refusal(mode: Any, config: Any) -> str:
+    """Why ``generate`` in this mode cannot be recorded ("" when it can): any beam method, naming its settings."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    beams = (GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE, GenerationMode.CONSTRAINED_BEAM_SEARCH,
+             GenerationMode.GROUP_BEAM_SEARCH)
+    if mode not in beams:
+        return ""
+    triggers = [f"num_beams={getattr(config, 'num_beams', None)!r}"]
+    for name, inert in (("num_beam_groups", 1), ("do_sample", False), ("constraints", None), ("force_words_ids", None)):
+        value = getattr(config, name, None)
+        if value is not None and value != inert:
+            triggers.append(f"{name}={value!r}" if name != "constraints" else f"constraints=[{len(value)} constraint(s)]")
+    return (
+        f"capture() cannot record beam search ({', '.join(triggers)}): it reorders the batch rows every step (each row "
+        "continues whichever beam it is handed), so the sequence tags, which follow batch rows, would follow no beam, "
+        "and beams it drops would be recorded as sequences; generate with num_beams=1 inside capture()"
     )
 
 

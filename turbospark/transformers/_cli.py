@@ -62,7 +62,8 @@ def record(args: argparse.Namespace) -> bool:
             for number, batch in enumerate(batches, 1):
                 inputs = tokenizer(batch, return_tensors="pt", padding=True)
                 with torch.no_grad():
-                    out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
+                    # Greedy, whatever the checkpoint's generation_config says: capture() refuses beam search.
+                    out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, num_beams=1)
                 _progress(
                     f"batch {number}/{len(batches)}: {len(batch)} prompt(s), "
                     f"{out.shape[1] - inputs['input_ids'].shape[1]} new tokens"

@@ -4,7 +4,14 @@ For every family whose modeling module declares ``router_logits`` in a
 ``_can_record_outputs`` table, the router class is built from the family's
 default config on the ``meta`` device (no memory, no weights) and called
 once on a meta tensor; its outputs are classified exactly as ``capture``
-classifies a real router's (``classify_output``).
+classifies a real router's (``classify_output``). Then the family's model is
+built on the meta device and put through the checks ``capture`` makes
+before it records: ``find_routing`` (decoder layers, one router per layer,
+no looped layers) and the pilot probe's wiring (every routed layer's
+pre-MoE norm). What only a real forward call can show (that each norm
+produces exactly its router's input) ``capture`` checks on the first call;
+the table names the layers it will refuse there (post-norm layers, which
+have no norm before attention).
 """
 
 from __future__ import annotations
@@ -25,15 +32,25 @@ __all__ = ["Family", "families", "format_families"]
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: its module name, router class, and why it is unsupported ("" when supported)."""
+    """One model family: its module name, router class, and what ``capture`` records of it.
+
+    ``problem``: why ``capture`` refuses the family ("" when it records the
+    counts and the trace exactly). ``probe``: "" when the pilot probe's
+    wiring passes every check made before a forward call, else why the
+    probe is refused (or could not be checked). ``checked``: False when the
+    default config builds no model, so only the router was checked.
+    """
 
     name: str
     router: str
     problem: str
+    probe: str = ""
+    checked: bool = True
 
     @property
     def supported(self) -> bool:
-        return not self.problem
+        """Every set-up check of ``capture`` passed: counts and trace are recorded exactly (the probe: see ``probe``)."""
+        return not self.problem and self.checked
 
 
 def _module_names() -> list[str]:
@@ -86,6 +103,64 @@ def _probe(model_class: type, recorder: Any) -> tuple[str, str]:
     return name, f"router {name} could not be probed from the default config ({errors[-1][:120]})"
 
 
+def _model_class(module: Any, declaring: type) -> type:
+    """The family's model class to build: a causal LM, else a conditional-generation, text or base model."""
+    classes = [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value) and value.__module__ == module.__name__ and issubclass(value, declaring)
+        and value is not declaring
+    ]
+    for suffix in ("ForCausalLM", "ForConditionalGeneration", "TextModel", "Model"):
+        for value in classes:
+            if value.__name__.endswith(suffix):
+                return value
+    return declaring
+
+
+def _config_class(model_class: type) -> type:
+    config_class = model_class.config_class
+    if not isinstance(config_class, type):  # a union of configs: the first is the family's own
+        config_class = typing.get_args(config_class)[0]
+    return config_class
+
+
+def _model_checks(module: Any, declaring: type) -> tuple[str, str, bool]:
+    """(problem, probe verdict, checked) from the family's model built on the meta device."""
+    from turbospark.transformers._capture import _plan_probe
+    from turbospark.transformers._routers import find_routing
+
+    model_class = _model_class(module, declaring)
+    try:
+        with torch.device("meta"):
+            model = model_class(_config_class(model_class)())
+    except Exception as exc:  # noqa: BLE001 -- the default config is not always buildable
+        return "", f"not checked (its default config builds no {model_class.__name__}: {type(exc).__name__})", False
+    try:
+        routing = find_routing(model)
+    except (TypeError, ValueError) as exc:
+        return str(exc), "", True
+    try:
+        _plan_probe(routing, "self")  # every routed layer's norm, as pilot="next" or "self" needs
+    except ValueError as exc:
+        return "", f"refused at set-up: {exc}", True
+    # Olmo2-style post-norm layers (a post_feedforward_layernorm, no pre-feedforward or input norm): their
+    # post_attention_layernorm normalises the attention output, and the MoE block gets the raw residual,
+    # which the capture's first-call check refuses.
+    post_norm = [
+        site.layer
+        for site in routing.sites
+        if all(hasattr(routing.layers[site.layer], n) for n in ("post_attention_layernorm", "post_feedforward_layernorm"))
+        and not any(hasattr(routing.layers[site.layer], n) for n in ("input_layernorm", "pre_feedforward_layernorm"))
+    ]
+    if post_norm:
+        return "", (
+            f"refused on the first forward call: decoder layer {post_norm[0]} is post-norm (post_attention_layernorm "
+            "normalises the attention output; the MoE block gets the raw residual)"
+        ), True
+    return "", "", True
+
+
 def families() -> list[Family]:
     """Every family of the installed transformers that declares a router, with its support verdict."""
     found = []
@@ -101,16 +176,35 @@ def families() -> list[Family]:
         if declared is None:
             continue
         router, problem = _probe(*declared)
-        found.append(Family(module_name, router, problem))
+        if problem:
+            found.append(Family(module_name, router, problem))
+            continue
+        found.append(Family(module_name, router, *_model_checks(module, declared[0])))
     return found
 
 
 def format_families(found: list[Family]) -> str:
-    """The ``--list`` text: supported families, then the others with the reason."""
+    """The ``--list`` text: what capture records exactly per family (counts and trace; the probe), then the rest.
+
+    Three sections: families whose model passed every set-up check of
+    ``capture`` (counts and trace recorded exactly; the probe's verdict on
+    each line), families whose default config builds no model (only the
+    router was checked), and the families ``capture`` refuses, with why.
+    """
     supported = [f for f in found if f.supported]
-    others = [f for f in found if not f.supported]
-    lines = [f"supported ({len(supported)} families; transformers discovers the router, capture reads its ids):"]
-    lines += [f"  {f.name:<24} {f.router}" for f in supported]
+    unchecked = [f for f in found if not f.problem and not f.checked]
+    others = [f for f in found if f.problem]
+    lines = [
+        f"supported ({len(supported)} families): counts and trace recorded exactly; "
+        "probe yes = pilot= records exactly, else why it is refused:"
+    ]
+    lines += [f"  {f.name:<24} {f.router:<32} probe: {f.probe or 'yes'}" for f in supported]
+    lines.append(
+        f"router checked only ({len(unchecked)} families): the router returns its ids, but the default config builds "
+        "no model here, so capture() makes the other checks when it starts:"
+    )
+    lines += [f"  {f.name:<24} {f.router:<32} probe: {f.probe}" for f in unchecked]
     lines.append(f"not supported ({len(others)}):")
-    lines += [f"  {f.name:<24} {f.problem}" for f in others]
+    # A refusal can name every router of the model: the line keeps its start.
+    lines += [f"  {f.name:<24} {f.problem if len(f.problem) <= 300 else f.problem[:299] + '…'}" for f in others]
     return "\n".join(lines) + "\n"

@@ -143,12 +143,34 @@ def _probe_input(router: nn.Module, model: nn.Module) -> torch.Tensor:
     return torch.zeros(1, int(hidden), device=device, dtype=dtype)
 
 
+def _refuse_looped_layers(model: nn.Module, declarations: list[tuple[Any, Any]], found: int) -> None:
+    """TypeError when the model declares more decoder-layer calls per forward than it has decoder layers.
+
+    transformers says so through the hidden_states OutputRecorder's
+    ``num_hidden_layers_key`` (Inkling2Loop: ``total_num_hidden_layers``):
+    looped layers run, and route every token, several times per forward,
+    and a capture holds one pass per token and layer.
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for _, hidden in declarations:
+        key = getattr(hidden, "num_hidden_layers_key", None)
+        visits = getattr(config, key, None) if isinstance(key, str) else None
+        if isinstance(visits, int) and not isinstance(visits, bool) and visits != found:
+            raise TypeError(
+                f"{type(model).__name__} is not supported: it runs {visits} decoder-layer calls per forward "
+                f"(config.{key}) over its {found} decoder layers, so looped layers route every token more than "
+                "once per forward, and a capture holds one pass per token and layer"
+            )
+
+
 def find_routing(model: nn.Module) -> Routing:
     """The routers and decoder layers of a transformers model.
 
     Returns a ``Routing``. Raises ``TypeError`` naming the model's class and
     what is missing when the model declares no router, its routers return no
-    chosen ids, or a router sits outside the decoder layers; ``ValueError``
+    chosen ids, a router sits outside the decoder layers, or its decoder
+    layers run more than once per forward (looped layers, declared by
+    transformers' ``num_hidden_layers_key``); ``ValueError``
     when routers disagree on the number of experts or top_k.
     """
     name = type(model).__name__
@@ -163,6 +185,7 @@ def find_routing(model: nn.Module) -> Routing:
     layers = [(path, module) for path, module in modules if layer_classes and isinstance(module, layer_classes)]
     if not layers:
         raise TypeError(f"{name}: no decoder layers found (its hidden_states declaration names none)")
+    _refuse_looped_layers(model, declarations, len(layers))
     sites: list[RouterSite] = []
     for recorder, _ in declarations:
         router_classes = _classes(recorder)
