@@ -67,11 +67,6 @@ def test_supported_list_is_the_computed_one() -> None:
     computed = [family.name for family in families() if family.supported]
     verified = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "granitemoe", "glm4_moe"}
     assert verified <= set(computed)
-    if transformers.__version__ == "5.24.0":  # the version the README quotes
-        if "inkling2_loop" in names:
-            # The README (being restructured elsewhere) predates issue 16 item 7: inkling2_loop (looped layers) and
-            # qwen3_vl_moe (duplicated routers) are refused, hunyuan_v1_moe and qwen4_exp only router-checked; this
-            # check runs again once its list is updated.
-            pytest.xfail("README's supported-families list predates issue 16 item 7")
+    if transformers.__version__ == "5.24.0":  # the version docs/transformers.md quotes
         assert names == computed
         assert f"it lists {len(computed)} families as supported" in text
