@@ -199,7 +199,10 @@ def to_bytes(replay: RoutedExperts) -> bytes:
     buffer = io.BytesIO()
     # Little-endian on any host, as the format says (a no-op where numpy is native little-endian).
     little = {key: value.astype(value.dtype.newbyteorder("<"), copy=False) for key, value in arrays.items()}
-    np.savez(buffer, allow_pickle=False, **little)
+    # No allow_pickle= here: numpy before 2.1 has no such parameter and would store it as an
+    # array named "allow_pickle". Arrays of plain dtypes (these) are never pickled.
+    assert all(value.dtype.kind != "O" for value in little.values())
+    np.savez(buffer, **little)
     return buffer.getvalue()
 
 
