@@ -24,13 +24,28 @@ import numpy as np
 from .metrics import coverage, pilot_scores, uniform_window_distinct, window_distinct
 from .capture import Capture
 
-__all__ = ["INSTALL_HINT", "MissingMatplotlib", "build_figure", "plot_capture", "relative_share"]
+__all__ = ["INSTALL_HINT", "MissingMatplotlib", "agg_figure", "build_figure", "plot_capture", "relative_share"]
 
 INSTALL_HINT = "plotting needs matplotlib, which is not installed: pip install 'turbospark[plot]'"
 
 
 class MissingMatplotlib(ImportError):
     """Raised by ``plot_capture`` when matplotlib cannot be imported; its message says how to install it."""
+
+
+def agg_figure(figsize: tuple[float, float], dpi: int) -> Any:
+    """A constrained-layout ``matplotlib.figure.Figure`` on its own Agg canvas (pyplot untouched).
+
+    Raises ``MissingMatplotlib`` without matplotlib. Every figure of the package starts here.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingMatplotlib(INSTALL_HINT) from exc
+    figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
 
 
 def plot_capture(
@@ -55,14 +70,7 @@ def build_figure(capture: Capture, *, title: str | None = None, max_window: int 
 
     Takes the same arguments; raises ``MissingMatplotlib`` without matplotlib.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise MissingMatplotlib(INSTALL_HINT) from exc
-
-    figure = Figure(figsize=(16, 9.5), dpi=100, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = agg_figure((16, 9.5), 100)
     grid = figure.add_gridspec(2, 3, height_ratios=(1.15, 1))
     _heatmap(figure, figure.add_subplot(grid[0, :]), capture)
     _coverage(figure.add_subplot(grid[1, 0]), capture)

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from .plot import INSTALL_HINT, MissingMatplotlib
+from .plot import agg_figure
 
 __all__ = ["plot_cache", "read_cache_document"]
 
@@ -40,14 +40,7 @@ def plot_cache(doc: dict[str, Any], path: str | os.PathLike[str], *, title: str 
 
     Raises ``MissingMatplotlib`` without matplotlib and ``OSError`` when ``path`` cannot be written.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise MissingMatplotlib(INSTALL_HINT) from exc
-
-    figure = Figure(figsize=(13, 5.5), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = agg_figure((13, 5.5), 110)
     left, right = figure.subplots(1, 2)
     model, slots = doc["model"], doc["slots"]
     _curves(left, slots, doc["policies"], model["hit_rate"], 100.0)

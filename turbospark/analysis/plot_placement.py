@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .plot import INSTALL_HINT, MissingMatplotlib, _integer_ticks
+from .plot import _integer_ticks, agg_figure
 
 __all__ = ["plot_placement", "read_document"]
 
@@ -44,14 +44,7 @@ def plot_placement(doc: dict[str, Any], path: str | os.PathLike[str], *, title: 
 
     Raises ``MissingMatplotlib`` without matplotlib and ``OSError`` when ``path`` cannot be written.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise MissingMatplotlib(INSTALL_HINT) from exc
-
-    figure = Figure(figsize=(13, 5.5), dpi=110, layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = agg_figure((13, 5.5), 110)
     left, right = figure.subplots(1, 2, sharey=True)
     layers = doc["layers"]
     _panel(left, layers, "", "whole window: imbalance (max - mean) / mean of GPU loads")

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any, Callable
 
-from ._io import UsageError, emit, read_capture, run_guarded
+from ._io import UsageError, draw_document, emit, read_capture, run_guarded
 from ..analysis.cache import DEFAULT_POLICIES, POLICIES, cache_report, parse_policies, parse_slots
 
 __all__ = ["add_command", "cache_lines", "draw_cache", "parse_bytes"]
@@ -77,27 +77,9 @@ def _run_cache(args: argparse.Namespace) -> int:
 
 def draw_cache(path: str, output: str) -> int:
     """``plot --cache``: draw the cache document at ``path`` into ``output``; returns the exit status."""
-    import os
-    import sys
-
-    from ..analysis.plot import MissingMatplotlib
     from ..analysis.plot_cache import plot_cache, read_cache_document
 
-    try:
-        doc = read_cache_document(path)
-    except (OSError, ValueError) as exc:
-        print(f"turbospark: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-        return 2
-    try:
-        plot_cache(doc, output, title=os.path.basename(path))
-    except MissingMatplotlib as exc:
-        print(f"turbospark: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {output}")
-    return 0
+    return draw_document(path, output, read_cache_document, plot_cache)
 
 
 def cache_lines(doc: dict[str, Any]) -> list[str]:

@@ -1,16 +1,17 @@
-"""Reading captures and writing results for the decision commands (place, export, compare, merge)."""
+"""Reading captures and writing results for the decision commands (place, export, compare, merge, cache, their plots)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..recording._atomic import write_atomic
 from ..analysis.capture import Capture, loads
 from ..analysis.capture_sequences import Sequences, sequences
 
-__all__ = ["UsageError", "emit", "read_capture", "run_guarded"]
+__all__ = ["UsageError", "draw_document", "emit", "read_capture", "run_guarded"]
 
 
 class UsageError(Exception):
@@ -39,6 +40,28 @@ def emit(text: str, output: Optional[str]) -> None:
         write_atomic(output, text.encode("utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def draw_document(path: str, output: str, read: Callable[[str], Any], plot: Callable[..., None]) -> int:
+    """``plot --placement`` / ``--cache``: ``read(path)``, then ``plot(doc, output, title=...)``; returns the
+    exit status (2 with a ``turbospark:`` line for an unreadable document, no matplotlib or an unwritable image)."""
+    from ..analysis.plot import MissingMatplotlib
+
+    try:
+        doc = read(path)
+    except (OSError, ValueError) as exc:
+        print(f"turbospark: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        return 2
+    try:
+        plot(doc, output, title=os.path.basename(path))
+    except MissingMatplotlib as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {output}")
+    return 0
 
 
 def run_guarded(job: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

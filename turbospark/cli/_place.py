@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._io import UsageError, emit, read_capture, run_guarded
+from ._io import UsageError, draw_document, emit, read_capture, run_guarded
 from ..analysis.capture_sequences import exact_fraction
 from ..analysis.capture import Capture
 from ..analysis.replay import routed_experts, save_routed_experts
@@ -213,23 +213,6 @@ def _export_routed_experts(args: argparse.Namespace) -> int:
 
 def draw_placement(path: str, output: str) -> int:
     """``plot --placement``: draw the placement document at ``path`` into ``output``; returns the exit status."""
-    import os
-
-    from ..analysis.plot import MissingMatplotlib
     from ..analysis.plot_placement import plot_placement, read_document
 
-    try:
-        doc = read_document(path)
-    except (OSError, ValueError) as exc:
-        print(f"turbospark: cannot read {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-        return 2
-    try:
-        plot_placement(doc, output, title=os.path.basename(path))
-    except MissingMatplotlib as exc:
-        print(f"turbospark: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {output}")
-    return 0
+    return draw_document(path, output, read_document, plot_placement)
