@@ -18,8 +18,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
 
     ``tagging``: NULL, or record_batch's private copies (the kept rows'
     sequence ids, the phase, and the row mask in place of ``mask``),
-    committed with the passes. Returns the layer's pass count just before
-    the commit.
+    committed with the passes. Returns 0.
     """
     cdef Py_ssize_t first
     cdef IdView view
@@ -61,7 +60,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
         else:
             chosen = rows
         if chosen == 0:
-            return <Py_ssize_t>self._passes[index]
+            return 0
         total = chosen * width
         if buf != NULL:
             # Straight into the trace's (or predictions') spare capacity: it
@@ -118,7 +117,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
         free(owned_keep)
         free(scratch)
         free(tables)
-    return first
+    return 0
 
 
 cdef tuple _block_slowly(RecorderCore self, object selected, object mask):
