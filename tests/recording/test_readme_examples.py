@@ -156,3 +156,11 @@ def test_the_trace_cap_example(tmp_path: Path, monkeypatch: Any, capfd: Any) -> 
     assert shown is not None and printed[1] == shown.group(1)
     assert (tmp_path / "capped.json").read_text() == shown.group(1)
     assert capfd.readouterr().err == "[router-hist] wrote capped.json\n"
+
+
+def test_the_checkpoint_example(tmp_path: Path, monkeypatch: Any, capfd: Any) -> None:
+    source = example("checkpoint")
+    printed = run(source, tmp_path, monkeypatch).splitlines()
+    assert printed == ["[0, 1, 0, 0, 0, 0, 0, 1]"]
+    assert json.loads((tmp_path / "long.json").read_text())["trace"] == [[1, 7], []]
+    assert capfd.readouterr().err == "[router-hist] wrote long.json\n"

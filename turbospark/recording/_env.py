@@ -23,6 +23,7 @@ PILOT = "TURBOSPARK_PILOT_PROBE"
 LOGITS_LAYER = "TURBOSPARK_ROUTER_LOGITS_LAYER"
 LOGITS_PASS = "TURBOSPARK_ROUTER_LOGITS_PASS"
 TRACE_CAP = "TURBOSPARK_ROUTER_TRACE_CAP"
+CHECKPOINT = "TURBOSPARK_ROUTER_HIST_CHECKPOINT"
 
 _USIZE = re.compile(r"\+?[0-9]+\Z", re.ASCII)
 _USIZE_MAX = 2**64 - 1
@@ -38,6 +39,8 @@ class EnvConfig:
     router_logits: Optional[tuple[int, int]]
     # Passes per layer the trace keeps (TURBOSPARK_ROUTER_TRACE_CAP); None: unbounded.
     trace_cap: Optional[int] = None
+    # Seconds between checkpoints (TURBOSPARK_ROUTER_HIST_CHECKPOINT); None: written at the end only.
+    checkpoint: Optional[float] = None
 
 
 def parse_usize(text: str) -> Optional[int]:
@@ -88,6 +91,22 @@ def _trace_cap(environ: Mapping[str, str]) -> Optional[int]:
     return value
 
 
+def _checkpoint(environ: Mapping[str, str]) -> Optional[float]:
+    """``TURBOSPARK_ROUTER_HIST_CHECKPOINT`` as positive seconds; None when unset, warned when unusable."""
+    raw = environ.get(CHECKPOINT)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        _warn(f"ignoring {CHECKPOINT}={raw!r}: not a positive number of seconds; the capture is written at the "
+              "end only")
+        return None
+    return value
+
+
 def config_from_env(num_layers: int, environ: Optional[Mapping[str, str]] = None) -> Optional[EnvConfig]:
     """The recorder configuration the environment asks for, or None when recording is off."""
     env = os.environ if environ is None else environ
@@ -101,4 +120,5 @@ def config_from_env(num_layers: int, environ: Optional[Mapping[str, str]] = None
         pilot=None if probe is None else ("self" if probe == "self" else "next"),
         router_logits=_router_logits(env, num_layers),
         trace_cap=_trace_cap(env),
+        checkpoint=_checkpoint(env),
     )

@@ -13,13 +13,14 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _convert, _env, _errors, _lifecycle, _paths, _sigterm
+from . import _checkpoint, _convert, _env, _errors, _lifecycle, _paths, _sigterm
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
@@ -107,9 +108,10 @@ class _Facade(_CoreBase):
         pilot: Optional[str] = None,
         router_logits: Optional[tuple[int, int]] = None,
         trace_cap: Optional[int] = None,
+        checkpoint: Optional[float] = None,
     ) -> None:
         self._start(path, num_layers, num_experts, top_k, trace, pilot, router_logits, from_env=False,
-                    trace_cap=trace_cap)
+                    trace_cap=trace_cap, checkpoint=checkpoint)
 
     def _start(
         self,
@@ -124,6 +126,7 @@ class _Facade(_CoreBase):
         from_env: bool,
         given: frozenset[str] = frozenset(),
         trace_cap: Optional[int] = None,
+        checkpoint: Optional[float] = None,
     ) -> None:
         """Check the configuration and start recording.
 
@@ -144,6 +147,7 @@ class _Facade(_CoreBase):
                         f"{_env.TRACE} is not set") + "; there is no trace to cap")
             trace_cap = None
         cap = _convert.trace_cap(trace_cap, trace)
+        seconds = _checkpoint.interval(checkpoint)
         for problem in _useless(layers, experts, k, from_env=from_env):
             if from_env:
                 warn_caller(problem)
@@ -172,7 +176,13 @@ class _Facade(_CoreBase):
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
         self._drain_failures: set[str] = set()
+        # Serialises writes to self.path, so a checkpoint in progress can never land after the final write.
+        # Re-entrant: a SIGTERM handler may write while the main thread is inside write().
+        self._write_lock = threading.RLock()
+        self._checkpointer: Optional[_checkpoint.Checkpointer] = None
         _lifecycle.register(self)
+        if seconds is not None:
+            self._checkpointer = _checkpoint.Checkpointer(self, seconds)
 
     @classmethod
     def from_env(cls: type[_Self], num_layers: int, num_experts: int, top_k: int = 0) -> Optional[_Self]:
@@ -225,6 +235,7 @@ class _Facade(_CoreBase):
             from_env=True,
             given=given,
             trace_cap=config.trace_cap,
+            checkpoint=config.checkpoint,
         )
         return recorder
 
@@ -232,6 +243,11 @@ class _Facade(_CoreBase):
     def path(self) -> str:
         """Where ``close()`` (and ``write()`` without an argument) writes the capture."""
         return self._path
+
+    @property
+    def checkpoint(self) -> Optional[float]:
+        """Seconds between checkpoints (the capture rewritten atomically while recording), or None."""
+        return None if self._checkpointer is None else self._checkpointer.seconds
 
     @property
     def counts(self) -> "npt.NDArray[np.int64]":
@@ -339,7 +355,24 @@ class _Facade(_CoreBase):
 
     def write(self, path: Optional[PathLike] = None) -> None:
         """Write the capture now, atomically, to ``path`` (default: ``self.path``); raise OSError on failure."""
-        write_atomic(self._path if path is None else _path_text(path), self._document())
+        target = self._path if path is None else _path_text(path)
+        with self._write_lock:
+            write_atomic(target, self._document())
+
+    def _write_checkpoint(self) -> None:
+        """One checkpoint (the checkpoint thread's call): the capture rewritten unless the recorder closed.
+
+        Staged ids are drained before the write lock is taken: a drain may
+        wait for a stager's lock, and the final write must never wait behind
+        that. Raises OSError; the thread reports it.
+        """
+        if self.closed or os.getpid() != self._owner_pid:
+            return
+        self._drain()
+        with self._write_lock:
+            # Closed meanwhile: the final write is (or was) the last word.
+            if not self.closed:
+                write_atomic(self._path, self._document())
 
     def close(self) -> None:
         """Stop recording and write the capture once, reporting on stderr; never raises, idempotent.
@@ -356,6 +389,7 @@ class _Facade(_CoreBase):
             self._drain()
         if not self._mark_closed():
             return
+        self._stop_checkpoints()
         if not owner:
             _lifecycle.settle(self)
             return
@@ -368,7 +402,12 @@ class _Facade(_CoreBase):
         and ``write(path)`` still give what was recorded.
         """
         self._mark_closed()
+        self._stop_checkpoints()
         _lifecycle.settle(self)
+
+    def _stop_checkpoints(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
 
     def _finish(self, *, close: bool) -> None:
         """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written.
@@ -383,6 +422,7 @@ class _Facade(_CoreBase):
             self._drain()
             if close:
                 self._mark_closed()
+                self._stop_checkpoints()
         self._write_and_report()
 
     def _write_and_report(self) -> None:
@@ -403,6 +443,8 @@ class _Facade(_CoreBase):
             renew = getattr(stager, "_after_fork_in_child", None)
             if renew is not None:
                 renew()
+        # A lock another thread held at fork() time stays held in the child (which never writes, but may call write(path)).
+        self._write_lock = threading.RLock()
         super()._after_fork_in_child()
 
     def __enter__(self: _Self) -> _Self:
@@ -434,12 +476,15 @@ class RouterHistogram(_Facade, RecorderCore):
     """Per-layer router top-k histogram, with optional trace, pilot probe and logit row.
 
     ``RouterHistogram(path, num_layers, num_experts, top_k=0, *, trace=False,
-    pilot=None, router_logits=None, trace_cap=None)``: ``top_k == 0`` learns it
+    pilot=None, router_logits=None, trace_cap=None, checkpoint=None)``: ``top_k == 0`` learns it
     from the first ``record``; ``pilot`` is None, ``"next"`` or ``"self"``;
     ``router_logits`` is None or a ``(layer, pass)`` pair; ``trace_cap`` is None
     (unbounded) or N >= 1: each layer's trace, predictions and tags keep its
     first N passes, counts keep every pass, and the capture says how many
-    passes each layer dropped (``trace_dropped``). ``RouterHistogram.from_env(...)``
+    passes each layer dropped (``trace_dropped``); ``checkpoint`` is None or
+    a positive number of seconds: the capture is rewritten atomically at that
+    interval while recording, so a process killed without warning loses at
+    most one interval. ``RouterHistogram.from_env(...)``
     configures it from the ``TURBOSPARK_*`` variables instead.
 
     The constructor raises ValueError for a capture that cannot be useful
