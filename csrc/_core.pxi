@@ -32,6 +32,12 @@ cdef class RecorderCore:
     # UINT64_MAX when unbounded, so the commit's test needs no branch on _capped.
     cdef uint64_t _cap
     cdef bint _capped
+    # trace="stream": per layer the passes already taken out by _take_chunk (the
+    # buffers hold only the rest), ids committed since, and the count that asks
+    # the facade to take them (UINT64_MAX: never, one compare per call).
+    cdef uint64_t* _taken
+    cdef uint64_t _unspilled
+    cdef uint64_t _spill_at
 
     def __cinit__(self, *args, **kwargs):
         self._counts = NULL
@@ -39,6 +45,8 @@ cdef class RecorderCore:
         self._trace = NULL
         self._pred = NULL
         self._tags = NULL
+        self._taken = NULL
+        self._spill_at = <uint64_t>0xFFFFFFFFFFFFFFFF
         self._logits = None
         self._logits_layer = -1
 
@@ -57,7 +65,8 @@ cdef class RecorderCore:
         self._pred_k = 0
         self._counts = <uint64_t*>calloc(max(self._num_layers * self._num_experts, 1), sizeof(uint64_t))
         self._passes = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
-        if self._counts == NULL or self._passes == NULL:
+        self._taken = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
+        if self._counts == NULL or self._passes == NULL or self._taken == NULL:
             raise MemoryError()
         if bool(trace):
             self._trace = self._new_rows()
@@ -84,6 +93,7 @@ cdef class RecorderCore:
     def __dealloc__(self):
         free(self._counts)
         free(self._passes)
+        free(self._taken)
         _free_rows(self._trace, self._num_layers)
         _free_rows(self._pred, self._num_layers)
         _free_tags(self._tags, self._num_layers)
@@ -120,12 +130,18 @@ cdef class RecorderCore:
 
     def record(self, layer, selected):
         _record_pass(self, layer, selected, False)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_prediction(self, layer, predicted):
         _record_pass(self, layer, predicted, True)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_many(self, layer, selected, mask=None):
         _record_block(self, layer, selected, mask, False, NULL)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_batch(self, layer, ids_2d, *, seq, phase, mask=None):
         """Record a block of passes that belong to different sequences, in one phase.
@@ -143,9 +159,13 @@ cdef class RecorderCore:
         ``mask``; a rejected call records nothing.
         """
         _record_tagged(self, layer, ids_2d, seq, phase, mask)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_prediction_many(self, layer, predicted, mask=None):
         _record_block(self, layer, predicted, mask, True, NULL)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_router_logits(self, layer, logits):
         cdef Py_ssize_t index, got
@@ -214,6 +234,62 @@ cdef class RecorderCore:
     def _json_document(self, bytes tail):
         """The JSON document up to ``router_logits``, followed by ``tail``."""
         return _json_document(self, tail)
+
+    def _stream_every(self, ids):
+        """Call ``self._spill()`` after any record call that leaves ``ids`` or more ids untaken (trace="stream")."""
+        if self._trace == NULL or self._capped:
+            raise ValueError("a streamed trace needs the trace on and no trace_cap")
+        self._spill_at = <uint64_t>max(int(ids), 1)
+
+    def _take_chunk(self):
+        """Take every committed row out of the buffers, with the summary they complete; see the pure core."""
+        cdef Py_ssize_t layer, n = self._num_layers
+        cdef size_t i, passes, tagged
+        cdef TagBuf* t
+        cdef char* seq
+        cdef char* phase
+        # Every object the reads need exists first: the reads and the reset below then
+        # run no Python code and allocate nothing the garbage collector tracks, so no
+        # other call (a finalizer, a signal handler) can record in between.
+        cdef list parts = [None] * (5 * n)
+        logits = self._logits_capture()
+        width = self._top_k or self._pred_k
+        head = _json_document(self, b"", True)
+        for layer in range(n):
+            passes = <size_t>(self._passes[layer] - self._taken[layer])
+            parts[5 * layer] = self._taken[layer]
+            if self._trace != NULL:
+                parts[5 * layer + 1] = PyBytes_FromStringAndSize(<char*>self._trace[layer].data,
+                                                                 self._trace[layer].len * sizeof(uint32_t))
+            if self._pred != NULL:
+                parts[5 * layer + 2] = PyBytes_FromStringAndSize(<char*>self._pred[layer].data,
+                                                                 self._pred[layer].len * sizeof(uint32_t))
+            if self._tagged:
+                t = &self._tags[layer]
+                tagged = t.len if t.len < passes else passes
+                seq_bytes = PyBytes_FromStringAndSize(NULL, passes * sizeof(int64_t))
+                phase_bytes = PyBytes_FromStringAndSize(NULL, passes)
+                seq = <char*>seq_bytes
+                phase = <char*>phase_bytes
+                if tagged:
+                    memcpy(seq, t.seq, tagged * sizeof(int64_t))
+                    memcpy(phase, t.phase, tagged)
+                for i in range(tagged, passes):
+                    (<int64_t*>seq)[i] = DEFAULT_SEQ
+                    phase[i] = DEFAULT_PHASE
+                parts[5 * layer + 3] = seq_bytes
+                parts[5 * layer + 4] = phase_bytes
+        for layer in range(n):
+            if self._trace != NULL:
+                self._trace[layer].len = 0
+            if self._pred != NULL:
+                self._pred[layer].len = 0
+            if self._tags != NULL:
+                self._tags[layer].len = 0
+            self._taken[layer] = self._passes[layer]
+        self._unspilled = 0
+        rows = [tuple(parts[5 * layer:5 * layer + 5]) for layer in range(n)]
+        return head, width, rows, logits
 
     def _add_counts(self, counts, passes, Py_ssize_t top_k):
         """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.

@@ -60,7 +60,7 @@ cdef char* _put_tags(RecorderCore self, char* p) noexcept:
             p[0] = 91
             p += 1
             t = &self._tags[layer]
-            passes = _kept(self._passes[layer], self._cap)
+            passes = _kept(self._passes[layer], self._cap) - self._taken[layer]
             tagged = t.len if t.len < passes else passes
             for i in range(passes):
                 if i:
@@ -78,9 +78,12 @@ cdef char* _put_tags(RecorderCore self, char* p) noexcept:
     return p
 
 
-cdef bytes _json_document(RecorderCore self, bytes tail):
+cdef bytes _json_document(RecorderCore self, bytes tail, bint summary=False):
     """The JSON document up to ``router_logits``, then ``tail`` (the facade's part), then the
-    ``seq``/``phase`` columns when a tagged pass was recorded; the facade adds the closing brace."""
+    ``seq``/``phase`` columns when a tagged pass was recorded; the facade adds the closing brace.
+
+    ``summary``: only the sizes and ``counts`` before ``tail`` (a streamed capture's JSON, whose trace,
+    predictions and tags live in its sidecar)."""
     cdef size_t bound = 220 + len(tail)  # 60 of it for trace_cap and trace_dropped's key
     # Room for any id a uint32 buffer can hold (10 digits and a comma),
     # not just those below num_experts: the writer never trusts that
@@ -124,7 +127,7 @@ cdef bytes _json_document(RecorderCore self, bytes tail):
             p += 1
         p[0] = 93
         p += 1
-        if self._trace != NULL:
+        if self._trace != NULL and not summary:
             p = _put_text(p, b',"trace":[', 10)
             p = _put_rows(p, self._trace, self._num_layers)
             p[0] = 93
@@ -140,13 +143,13 @@ cdef bytes _json_document(RecorderCore self, bytes tail):
                     p = _put_u64(p, self._passes[layer] - _kept(self._passes[layer], self._cap))
                 p[0] = 93
                 p += 1
-        if self._pred != NULL:
+        if self._pred != NULL and not summary:
             p = _put_text(p, b',"pred":[', 9)
             p = _put_rows(p, self._pred, self._num_layers)
             p[0] = 93
             p += 1
         p = _put_text(p, tail, len(tail))
-        if self._tagged:
+        if self._tagged and not summary:
             p = _put_tags(self, p)
         return PyBytes_FromStringAndSize(buf, p - buf)
     finally:

@@ -105,6 +105,7 @@ cdef inline void _commit_block(RecorderCore self, Py_ssize_t index, Py_ssize_t r
         _prefault(&self._trace[index])
     self._passes[index] += rows
     self._commits += 1
+    self._unspilled += rows * width
 
 
 cdef void _merge_counts(uint64_t* row, const uint64_t* tables, uint64_t num_experts) noexcept nogil:

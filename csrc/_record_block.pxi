@@ -80,7 +80,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
                 if self._tags == NULL:
                     raise MemoryError()
             tag = &self._tags[index]
-            _tags_reserve(tag, _kept(self._passes[index] + chosen, self._cap))
+            _tags_reserve(tag, _kept(self._passes[index] + chosen, self._cap) - self._taken[index])
         if (not prediction and keep == NULL and total >= TABLE_MIN_IDS
                 and self._num_experts <= <uint64_t>total and _contiguous(&view)):
             tables = <uint64_t*>calloc(4 * (self._num_experts + 1), sizeof(uint64_t))
@@ -109,7 +109,7 @@ cdef Py_ssize_t _record_block(RecorderCore self, object layer, object selected, 
         else:
             if tag != NULL:
                 # Under a cap, tags only for the kept passes (the defaults pad up to the first of them).
-                _commit_tags(tag, _kept(first, self._cap), tagging.seq,
+                _commit_tags(tag, _kept(first, self._cap) - self._taken[index], tagging.seq,
                              _kept(first + chosen, self._cap) - _kept(first, self._cap), <uint8_t>tagging.phase)
                 self._tagged = True
             _commit_block(self, index, chosen, width)
@@ -151,6 +151,7 @@ cdef inline int _commit_prediction_rows(RecorderCore self, Py_ssize_t index, Py_
         pred.len += (_kept(first + rows, self._cap) - first) * width
     else:
         pred.len += rows * width
+    self._unspilled += rows * width
     _prefault(pred)
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = width

@@ -248,6 +248,7 @@ cdef inline int _commit_selection(RecorderCore self, Py_ssize_t index, const uin
         self._top_k = n
     self._passes[index] += 1
     self._commits += 1
+    self._unspilled += n
     return 0
 
 
@@ -264,6 +265,7 @@ cdef inline int _commit_prediction(RecorderCore self, Py_ssize_t index, const ui
             memcpy(_spare(pred, n), ids, n * sizeof(uint32_t))
         pred.len += n
         _prefault(pred)
+        self._unspilled += n
     if self._top_k == 0 and self._pred_k == 0:
         self._pred_k = n
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from ._warn import warn_caller
 
@@ -34,7 +34,8 @@ class EnvConfig:
     """What the environment asks a recorder for."""
 
     path: str
-    trace: bool
+    # True, False, or "stream" (TURBOSPARK_ROUTER_TRACE=stream: the trace streamed to a sidecar).
+    trace: Union[bool, str]
     pilot: Optional[str]
     router_logits: Optional[tuple[int, int]]
     # Passes per layer the trace keeps (TURBOSPARK_ROUTER_TRACE_CAP); None: unbounded.
@@ -116,7 +117,7 @@ def config_from_env(num_layers: int, environ: Optional[Mapping[str, str]] = None
     probe = env.get(PILOT)
     return EnvConfig(
         path=path,
-        trace=TRACE in env,
+        trace="stream" if env.get(TRACE) == "stream" else TRACE in env,
         pilot=None if probe is None else ("self" if probe == "self" else "next"),
         router_logits=_router_logits(env, num_layers),
         trace_cap=_trace_cap(env),

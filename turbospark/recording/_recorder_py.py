@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, SupportsIndex
 import numpy as np
 
 from . import _convert, _counts, _errors, _sequences
-from ._types import LogitRow, RowMask, SelectedBlock, SelectedIds
+from ._types import LogitRow, RowMask, SelectedBlock, SelectedIds, TakenRows
 
 
 def _selection(selected: Any, expected: int, num_experts: int) -> array[int]:
@@ -51,8 +51,10 @@ class _Layer(NamedTuple):
     trace_len: int
     pred_len: int
     passes: int
-    # Passes with a committed tag (record_batch); later ones read as the defaults.
+    # Passes with a committed tag (record_batch), counted from ``taken``; later ones read as the defaults.
     tag_len: int = 0
+    # trace="stream": passes already taken out by _take_chunk; the buffers hold only the later ones.
+    taken: int = 0
 
 
 class _State(NamedTuple):
@@ -112,6 +114,10 @@ class RecorderCore:
         self._closed = False
         self._lock = threading.RLock()
         self._counts_cache: Optional[tuple[tuple[_Layer, ...], np.ndarray]] = None
+        # trace="stream": ids committed since the last _take_chunk, and the count that asks the
+        # facade to take them (never, until _stream_every).
+        self._unspilled = 0
+        self._spill_at: float = float("inf")
 
     def _after_fork_in_child(self) -> None:
         # A lock another thread held at fork() time stays held in the child.
@@ -180,6 +186,7 @@ class RecorderCore:
         # Under a cap only the rows before it are kept (the first N passes of the layer).
         first = self._kept(layer.passes)
         keep = self._kept(layer.passes + rows) - first
+        self._unspilled += rows * (len(ids) // rows)
         width = len(ids) // rows
         trace_len = layer.trace_len
         if self._trace is not None:
@@ -189,6 +196,8 @@ class RecorderCore:
         if tags is not None:
             # Untagged passes before these read as the defaults; then this block's tags.
             seq, phase = self._seq[index], self._phase[index]
+            # Tag positions count from the passes already taken out (trace="stream").
+            first -= layer.taken
             pad = first - tag_len
             _append(seq, tag_len, array("q", [_sequences.DEFAULT_SEQ] * pad))
             seq.frombytes(tags[0][:keep].astype(np.int64, copy=False).tobytes())
@@ -207,6 +216,8 @@ class RecorderCore:
             for expert in ids:
                 counts[expert] += 1
             self._add_selection(state, index, ids, 1, tuple(counts))
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def _block(self, layer: Any, selected: Any, mask: Any) -> tuple[int, _State, np.ndarray]:
         """Validate a block call: (layer index, state, the selected rows' ids as a private uint32 copy)."""
@@ -221,6 +232,8 @@ class RecorderCore:
         with self._lock:
             index, state, ids = self._block(layer, selected, mask)
             self._add_block(state, index, ids, None)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_batch(self, layer: SupportsIndex, ids_2d: SelectedBlock, *, seq: Any, phase: str,
                      mask: Optional[RowMask] = None) -> None:
@@ -251,6 +264,8 @@ class RecorderCore:
             seq_ids = _sequences.seq_copy(seq, block.shape[0], keep)
             index, state, ids = self._block(index, block, keep)
             self._add_block(state, index, ids, (seq_ids, code))
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def _add_block(self, state: _State, index: int, ids: np.ndarray, tags: Optional[tuple[np.ndarray, int]]) -> None:
         rows = ids.shape[0]
@@ -266,6 +281,8 @@ class RecorderCore:
             expected = state.top_k or state.pred_k
             ids = _selection(predicted, expected, self._num_experts)
             self._add_predictions(index, ids)
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def record_prediction_many(
         self, layer: SupportsIndex, predicted: SelectedBlock, mask: Optional[RowMask] = None
@@ -274,6 +291,8 @@ class RecorderCore:
             index, _, ids = self._block(layer, predicted, mask)
             if ids.shape[0]:
                 self._add_predictions(index, array("I", ids.tobytes()), ids.shape[1])
+        if self._unspilled >= self._spill_at:
+            self._spill()
 
     def _add_predictions(self, index: int, ids: array[int], width: int = 0) -> None:
         """Append validated predictions (rows of ``width`` ids; one row when 0) and commit."""
@@ -287,6 +306,7 @@ class RecorderCore:
         first = current.pred_len // width
         keep = self._kept(first + len(ids) // width) - first
         _append(self._pred[index], current.pred_len, ids[: keep * width])
+        self._unspilled += len(ids)
         pred_k = width if expected == 0 else state.pred_k
         self._commit(state, index, current._replace(pred_len=current.pred_len + keep * width), state.top_k, pred_k)
 
@@ -348,14 +368,20 @@ class RecorderCore:
             return None
         return (self._logits_layer, self._logits_pass, self._logits)
 
-    def _json_document(self, tail: bytes) -> bytes:
-        """The JSON document up to ``router_logits``, followed by ``tail``."""
+    def _json_document(self, tail: bytes, summary: bool = False) -> bytes:
+        """The JSON document up to ``router_logits``, followed by ``tail``.
+
+        ``summary``: only the sizes and ``counts`` before ``tail`` (a streamed
+        capture's JSON, whose trace, predictions and tags live in its sidecar).
+        """
         state = self._state  # one consistent snapshot, whatever runs meanwhile
         num_experts = self._num_experts if self._num_layers else 0
         parts = [
             f'{{"num_layers":{self._num_layers},"num_experts":{num_experts},'
             f'"top_k":{state.top_k},"counts":[{_json_rows(layer.counts for layer in state.layers)}]'
         ]
+        if summary:
+            return "".join(parts).encode("ascii") + tail
         if self._trace is not None:
             rows = (flat[: layer.trace_len] for flat, layer in zip(self._trace, state.layers))
             parts.append(f',"trace":[{_json_rows(rows)}]')
@@ -368,12 +394,56 @@ class RecorderCore:
         head = "".join(parts).encode("ascii") + tail
         if not state.tagged:
             return head
-        seq_rows = (_padded(flat, layer.tag_len, self._kept(layer.passes), _sequences.DEFAULT_SEQ)
+        seq_rows = (_padded(flat, layer.tag_len, self._kept(layer.passes) - layer.taken, _sequences.DEFAULT_SEQ)
                     for flat, layer in zip(self._seq, state.layers))
-        phase_rows = (_padded(flat, layer.tag_len, self._kept(layer.passes), _sequences.DEFAULT_PHASE)
+        phase_rows = (_padded(flat, layer.tag_len, self._kept(layer.passes) - layer.taken, _sequences.DEFAULT_PHASE)
                       for flat, layer in zip(self._phase, state.layers))
         return head + f',"seq":[{_json_rows(seq_rows)}],"phase":[{_json_rows(phase_rows)}]'.encode("ascii")
 
+
+    def _stream_every(self, ids: int) -> None:
+        """Call ``self._spill()`` after any record call that leaves ``ids`` or more ids untaken (trace="stream")."""
+        if self._trace is None or self._cap is not None:
+            raise ValueError("a streamed trace needs the trace on and no trace_cap")
+        self._spill_at = max(int(ids), 1)
+
+    def _take_chunk(self) -> tuple[bytes, int, list[TakenRows], Optional[tuple[int, int, Optional[array[float]]]]]:
+        """Take every committed row out of the buffers, with the summary they complete.
+
+        Returns ``(head, width, rows, logits)``: the summary document's start
+        (sizes and counts, ``_json_document(b"", summary=True)``), the row
+        width (top_k, or the predictions' width before it is known), per layer
+        ``(passes taken before, trace ids, predictions, seq, phase)`` as raw
+        native-order bytes (uint32 ids, int64 sequence ids, uint8 phases; the
+        tags padded with the defaults for untagged passes, None before any
+        tagged pass), and the router-logit capture, all of one instant. The
+        buffers are emptied; counts, passes and the learned sizes stay.
+        """
+        with self._lock:
+            state = self._state
+            head = self._json_document(b"", summary=True)
+            width = state.top_k or state.pred_k
+            rows: list[TakenRows] = []
+            layers = []
+            for index, layer in enumerate(state.layers):
+                passes = layer.passes - layer.taken
+                trace = pred = seq = phase = None
+                if self._trace is not None:
+                    trace = self._trace[index][: layer.trace_len].tobytes()
+                    del self._trace[index][:]
+                if self._pred is not None:
+                    pred = self._pred[index][: layer.pred_len].tobytes()
+                    del self._pred[index][:]
+                if state.tagged:
+                    seq = array("q", _padded(self._seq[index], layer.tag_len, passes, _sequences.DEFAULT_SEQ)).tobytes()
+                    phase = bytes(_padded(self._phase[index], layer.tag_len, passes, _sequences.DEFAULT_PHASE))
+                del self._seq[index][:]
+                del self._phase[index][:]
+                rows.append((layer.taken, trace, pred, seq, phase))
+                layers.append(layer._replace(trace_len=0, pred_len=0, tag_len=0, taken=layer.passes))
+            self._state = state._replace(layers=tuple(layers))
+            self._unspilled = 0
+            return head, width, rows, self._logits_capture()
 
     def _add_counts(self, counts: Any, passes: Any, top_k: int) -> None:
         """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import os
 import threading
 import weakref
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 import numpy as np
 import numpy.typing as npt
 
-from . import _checkpoint, _convert, _env, _errors, _lifecycle, _paths, _sigterm
+from . import _checkpoint, _convert, _env, _errors, _lifecycle, _paths, _sigterm, _stream, _stream_format
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
@@ -104,7 +105,7 @@ class _Facade(_CoreBase):
         num_experts: int,
         top_k: int = 0,
         *,
-        trace: bool = False,
+        trace: Union[bool, str] = False,
         pilot: Optional[str] = None,
         router_logits: Optional[tuple[int, int]] = None,
         trace_cap: Optional[int] = None,
@@ -119,7 +120,7 @@ class _Facade(_CoreBase):
         num_layers: int,
         num_experts: int,
         top_k: int,
-        trace: bool,
+        trace: Union[bool, str],
         pilot: Optional[str],
         router_logits: Optional[tuple[int, int]],
         *,
@@ -142,6 +143,14 @@ class _Facade(_CoreBase):
         if pilot not in _PILOTS:
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
+        streamed = _stream_mode(trace)
+        if from_env and trace_cap is not None and streamed:
+            warn_caller(f"ignoring {_env.TRACE_CAP}={trace_cap}: the trace is streamed to disk "
+                        f"({_env.TRACE}=stream), which keeps memory bounded without dropping passes")
+            trace_cap = None
+        if streamed and trace_cap is not None:
+            raise ValueError(f"trace_cap={trace_cap} with trace='stream': a streamed trace keeps every pass on disk "
+                             "in bounded memory; use one or the other")
         if from_env and trace_cap is not None and not trace:
             warn_caller(f"ignoring {_env.TRACE_CAP}={trace_cap}: " + ("trace=False" if "trace" in given else
                         f"{_env.TRACE} is not set") + "; there is no trace to cap")
@@ -170,9 +179,27 @@ class _Facade(_CoreBase):
         # behind to write.
         if _sigterm.requested():
             _sigterm.install(_lifecycle.finish_all)
-        super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass, cap)
+        stream = None
+        if streamed:
+            try:
+                stream = _stream.StreamWriter(path + _stream_format.SUFFIX, layers, experts)
+            except OSError as exc:
+                if not from_env:
+                    raise OSError(exc.errno, f"cannot create the streamed trace: {exc.strerror}",
+                                  path + _stream_format.SUFFIX) from None
+                warn_caller(f"{_env.TRACE}=stream: cannot create {path + _stream_format.SUFFIX!r}: {exc.strerror}; "
+                            "keeping the trace in memory instead")
+        try:
+            super().__init__(layers, experts, k, bool(trace), pilot, logits_layer, logits_pass, cap)
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            raise
         self._path = path
         self._owner_pid = os.getpid()
+        self._stream: Optional[_stream.StreamWriter] = stream
+        if stream is not None:
+            self._stream_every(_stream.CHUNK_IDS)
         # Staged data (the device path) to hand to the core before any write.
         self._drains: list[Any] = []
         self._drain_failures: set[str] = set()
@@ -245,6 +272,18 @@ class _Facade(_CoreBase):
         return self._path
 
     @property
+    def streamed(self) -> bool:
+        """True for trace="stream": the trace goes to the sidecar ``path + ".trace"``, the JSON holds the rest."""
+        return getattr(self, "_stream", None) is not None
+
+    def _spill(self) -> None:
+        # The core's call once it holds CHUNK_IDS untaken ids (trace="stream"): queue them for the writer.
+        rows = self._take_chunk()
+        if self._stream is not None and os.getpid() == self._owner_pid:
+            self._stream.put(rows[1], rows[2])
+        # A forked child's copy drops them: it never writes its parent's files, and stays bounded.
+
+    @property
     def checkpoint(self) -> Optional[float]:
         """Seconds between checkpoints (the capture rewritten atomically while recording), or None."""
         return None if self._checkpointer is None else self._checkpointer.seconds
@@ -281,12 +320,24 @@ class _Facade(_CoreBase):
         """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off.
 
         With ``trace_cap`` set, the layer's first ``trace_cap`` passes at most.
+        Raises ValueError for a streamed trace (it is on disk: ``write()``, then
+        ``turbospark.load``).
         """
+        self._refuse_streamed("trace")
         return self._trace_array(layer)
 
     def predictions(self, layer: int) -> Optional[np.ndarray]:
-        """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off."""
+        """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off.
+
+        Raises ValueError for a streamed trace, as ``trace`` does.
+        """
+        self._refuse_streamed("predictions")
         return self._predictions_array(layer)
+
+    def _refuse_streamed(self, what: str) -> None:
+        if self.streamed:
+            raise ValueError(f"{what}(): the trace is streamed to {self._stream.path!r} (trace='stream'); "  # type: ignore[union-attr]
+                             "write() the capture and read it with turbospark.load")
 
     def _document(self) -> bytes:
         """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
@@ -301,14 +352,30 @@ class _Facade(_CoreBase):
         document, and nothing has to be retried.
         """
         self._drain()
-        capture = self._logits_capture()
-        if capture is None:
-            tail = b""
-        else:
-            layer, pass_, values = capture
-            row = "null" if values is None else format_f32_row(values)
-            tail = f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
-        return self._json_document(tail) + b"}"
+        if self._stream is not None:
+            return self._streamed_document()
+        return self._json_document(_logits_tail(self._logits_capture())) + b"}"
+
+    def _streamed_document(self) -> bytes:
+        """A streamed capture's JSON: every row so far written to the sidecar and made durable first.
+
+        The summary (sizes, counts, ``"stream"``, the logit row) and the rows
+        are taken in one step, so the counts it states are exactly those of
+        the passes on disk (and of those said lost to failed writes).
+        """
+        assert self._stream is not None
+        if os.getpid() != self._owner_pid:
+            raise RuntimeError(f"a forked child cannot write the streamed capture {self._path!r} of its parent")
+        head, width, rows, logits = self._take_chunk()
+        self._stream.put(width, rows)
+        written = self._stream.flush()
+        stream = (f',"stream":{{"format":{_stream_format.VERSION},"file":"{_json_name(self._stream.path)}",'
+                  f'"bytes":{written.size},"passes":{_ints(written.passes)}')
+        if self.pilot_enabled():
+            stream += f',"predictions":{_ints(written.predictions)}'
+        if any(written.lost_passes) or any(written.lost_predictions):
+            stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
+        return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}"
 
     def _add_drain(self, drain: Any) -> None:
         """Call ``drain()`` before every write and before closing (the device path's staged ids).
@@ -354,8 +421,15 @@ class _Facade(_CoreBase):
         return self._document().decode("ascii")
 
     def write(self, path: Optional[PathLike] = None) -> None:
-        """Write the capture now, atomically, to ``path`` (default: ``self.path``); raise OSError on failure."""
+        """Write the capture now, atomically, to ``path`` (default: ``self.path``); raise OSError on failure.
+
+        A streamed capture is written to its own path only (its JSON names the
+        sidecar beside it): another ``path`` is a ValueError.
+        """
         target = self._path if path is None else _path_text(path)
+        if self.streamed and os.path.abspath(target) != os.path.abspath(self._path):
+            raise ValueError(f"a streamed capture is written to its own path {self._path!r}, beside its trace "
+                             f"{self._stream.path!r}, not to {target!r}")  # type: ignore[union-attr]
         with self._write_lock:
             write_atomic(target, self._document())
 
@@ -403,11 +477,20 @@ class _Facade(_CoreBase):
         """
         self._mark_closed()
         self._stop_checkpoints()
+        self._close_stream()
         _lifecycle.settle(self)
 
     def _stop_checkpoints(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
+
+    def _close_stream(self) -> None:
+        stream = getattr(self, "_stream", None)
+        if stream is not None and os.getpid() == self._owner_pid:
+            try:
+                stream.close()
+            except OSError as exc:
+                _lifecycle.report(f"[router-hist] FAILED closing {stream.path}: {describe_os_error(exc)}")
 
     def _finish(self, *, close: bool) -> None:
         """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written.
@@ -435,6 +518,7 @@ class _Facade(_CoreBase):
         else:
             _lifecycle.report(f"[router-hist] wrote {self._path}")
         if self.closed:
+            self._close_stream()
             _lifecycle.settle(self)
 
     def _after_fork_in_child(self) -> None:
@@ -504,6 +588,33 @@ class RouterHistogram(_Facade, RecorderCore):
     records nothing. ``close()`` writes the capture; ``discard()`` stops
     without writing.
     """
+
+
+def _stream_mode(trace: Any) -> bool:
+    """Whether ``trace`` asks for the streamed trace; raises for a value that is neither a bool nor "stream"."""
+    if isinstance(trace, str):
+        if trace != "stream":
+            raise ValueError(f"trace must be True, False or 'stream', got {trace!r}")
+        return True
+    return False
+
+
+def _logits_tail(capture: Any) -> bytes:
+    """The ``router_logits`` member (values through ``_f32display``, Rust's f32 ``Display``), or nothing."""
+    if capture is None:
+        return b""
+    layer, pass_, values = capture
+    row = "null" if values is None else format_f32_row(values)
+    return f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
+
+
+def _ints(values: list[int]) -> str:
+    return "[" + ",".join(map(str, values)) + "]"
+
+
+def _json_name(path: str) -> str:
+    """The sidecar's name as the JSON states it: relative to the capture's directory, escaped for a JSON string."""
+    return json.dumps(os.path.basename(path))[1:-1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,173 @@
+"""trace="stream": the rows a recorder takes out of its core, appended to the sidecar by a background thread.
+
+The core buffers at most ``CHUNK_IDS`` ids (plus one call's block) before it
+asks the facade to take them (``_spill``); the taken rows wait here for the
+writer thread, at most ``PENDING`` chunks of them, so the recorder's memory
+stays bounded however long it runs. The caller's thread only copies the rows
+out of the core and queues them; narrowing to the file's id width, the
+checksums and the system calls run on the writer thread (numpy's cast,
+``zlib.crc32`` and ``os.pwrite`` release the GIL for large buffers).
+
+A chunk is written with one ``pwrite`` at the end of the last whole chunk. A
+failed write (disk full) is cut back off the file, reported once per message
+on stderr, and its rows are counted as lost per layer: the summary says how
+many (``"lost"``), and the frames' ``first`` indices show the gap.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from . import _lifecycle, _stream_format as fmt
+from ._atomic import describe_os_error
+from ._types import TakenRows
+
+#: Ids the core holds before they are taken out (4 bytes each while in the core).
+CHUNK_IDS = 1 << 20
+#: Chunks taken but not yet written, at most; a full queue makes the caller wait (the disk is behind).
+PENDING = 2
+
+
+class Written(NamedTuple):
+    """What the sidecar holds after a flush: its size, and per layer the rows on disk and lost."""
+
+    size: int
+    passes: list[int]
+    predictions: list[int]
+    lost_passes: list[int]
+    lost_predictions: list[int]
+
+
+class StreamWriter:
+    """The sidecar of one streamed recorder: created (truncated) at construction, appended to by a thread."""
+
+    def __init__(self, path: str, num_layers: int, num_experts: int) -> None:
+        self.path = path
+        self._num_layers = num_layers
+        self._dtype = fmt.id_dtype(fmt.id_bytes(num_experts))
+        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+                                          0o666)
+        header = fmt.pack_header(num_layers, num_experts)
+        self._size = 0
+        self._append(header)
+        self._passes = [0] * num_layers
+        self._predictions = [0] * num_layers
+        # Predictions taken so far per layer, written or not: the next frame's ``first``.
+        self._predictions_taken = [0] * num_layers
+        self._lost_passes = [0] * num_layers
+        self._lost_predictions = [0] * num_layers
+        self._queue: collections.deque[tuple[int, list[TakenRows]]] = collections.deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._stopping = False
+        self._failures: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="turbospark-stream", daemon=True)
+        self._thread.start()
+
+    def put(self, width: int, rows: list[TakenRows]) -> None:
+        """Queue one chunk of taken rows; waits while PENDING chunks are already waiting."""
+        if not any(part for layer in rows for part in layer[1:3]):
+            return
+        with self._cond:
+            while len(self._queue) >= PENDING and self._thread.is_alive():
+                self._cond.wait()
+            self._queue.append((width, rows))
+            self._cond.notify_all()
+
+    def flush(self) -> Written:
+        """Wait until every queued chunk is written, make the file durable, and say what it holds."""
+        with self._cond:
+            while (self._queue or self._busy) and self._thread.is_alive():
+                self._cond.wait()
+            if self._fd is not None:
+                os.fsync(self._fd)
+            return Written(self._size, list(self._passes), list(self._predictions), list(self._lost_passes),
+                           list(self._lost_predictions))
+
+    def close(self) -> None:
+        """Flush, stop the thread, close the file; idempotent."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+        with self._cond:
+            if self._fd is not None:
+                try:
+                    os.fsync(self._fd)
+                finally:
+                    os.close(self._fd)
+                    self._fd = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                width, rows = self._queue.popleft()
+                self._busy = True
+                self._cond.notify_all()
+            try:
+                self._write_chunk(width, rows)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _write_chunk(self, width: int, rows: Sequence[TakenRows]) -> None:
+        frames = []
+        passes = [0] * self._num_layers
+        predictions = [0] * self._num_layers
+        for layer, (first, trace, pred, seq, phase) in enumerate(rows):
+            if trace:
+                ids = np.frombuffer(trace, dtype=np.uint32)
+                n = ids.shape[0] // width
+                narrow = ids.astype(self._dtype).tobytes()
+                tagged = seq is not None
+                payload = (seq + narrow + phase) if tagged else narrow  # type: ignore[operator]
+                frames.append(fmt.pack_frame(fmt.PASSES, fmt.TAGGED if tagged else 0, layer, n, width, first,
+                                             payload))
+                passes[layer] = n
+            if pred:
+                ids = np.frombuffer(pred, dtype=np.uint32)
+                n = ids.shape[0] // width
+                frames.append(fmt.pack_frame(fmt.PREDICTIONS, 0, layer, n, width, self._predictions_taken[layer],
+                                             ids.astype(self._dtype).tobytes()))
+                self._predictions_taken[layer] += n
+                predictions[layer] = n
+        try:
+            self._append(b"".join(frames))
+        except OSError as exc:
+            for layer in range(self._num_layers):
+                self._lost_passes[layer] += passes[layer]
+                self._lost_predictions[layer] += predictions[layer]
+            message = f"[router-hist] FAILED streaming the trace to {self.path}: {describe_os_error(exc)}"
+            if message not in self._failures:
+                self._failures.add(message)
+                _lifecycle.report(message + "; those passes are counted and said lost in the capture")
+            return
+        for layer in range(self._num_layers):
+            self._passes[layer] += passes[layer]
+            self._predictions[layer] += predictions[layer]
+
+    def _append(self, data: bytes) -> None:
+        """Write ``data`` after the last whole chunk; on failure cut the file back there and raise OSError."""
+        assert self._fd is not None
+        view = memoryview(data)
+        done = 0
+        try:
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], self._size + done)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass  # the reader stops at the torn frame anyway
+            raise
+        self._size += len(view)
