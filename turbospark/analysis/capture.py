@@ -66,6 +66,11 @@ class Capture:
     int64 array of the passes each layer recorded beyond them: counted in
     ``counts``, absent from ``trace``, ``pred``, ``seq`` and ``phase``, which
     hold each layer's first ``trace_cap`` passes.
+    ``stream``: None, or for a streamed capture (``trace="stream"``) a
+    ``streamed.StreamInfo`` saying what its sidecar held; its ``trace``,
+    ``pred``, ``seq`` and ``phase`` are then ``streamed.LayerRows`` sequences
+    whose arrays are built on first access, of the sidecar's id width (uint8
+    up to 256 experts, uint16 up to 65,536) and phase as uint8.
     """
 
     num_layers: int
@@ -80,6 +85,7 @@ class Capture:
     pilot_distance: tuple[int, ...] | None = None
     trace_cap: int | None = None
     trace_dropped: np.ndarray | None = None
+    stream: Any = None
 
     @property
     def header(self) -> dict[str, int]:
@@ -92,15 +98,26 @@ class Capture:
         return self.counts.sum(axis=1)
 
 
-def load(path: str | os.PathLike[str]) -> Capture:
+def load(path: str | os.PathLike[str], *, verify: bool = False) -> Capture:
     """Read the capture file at ``path``.
 
-    Returns a ``Capture``. Raises ``OSError`` when the file cannot be read and
-    ``ValueError`` (naming the problem) when it is not a well-formed capture.
+    Returns a ``Capture``. A streamed capture's sidecar (``PATH.trace``) is
+    memory-mapped; ``verify`` checks every frame's checksum (by default only
+    those written after the summary, see ``streamed``). Raises ``OSError``
+    when a file cannot be read and ``ValueError`` (naming the problem) when it
+    is not a well-formed capture.
     """
     with open(path, "rb") as handle:
         data = handle.read()
-    return loads(data)
+    fields = _fields(data)
+    base = _build(fields)
+    if "stream" not in fields:
+        return base
+    if base.trace is not None or base.pred is not None or base.seq is not None:
+        raise ValueError("a streamed capture's JSON holds no trace, pred or seq: its rows are in its sidecar")
+    from .streamed import load_streamed
+
+    return load_streamed(os.fspath(path), fields, base, verify=verify)
 
 
 def loads(data: str | bytes) -> Capture:
@@ -108,11 +125,17 @@ def loads(data: str | bytes) -> Capture:
 
     Raises ``ValueError`` naming the problem when the text is not a well-formed capture.
     """
+    fields = _fields(data)
+    if "stream" in fields:
+        raise ValueError("this is a streamed capture's summary: its rows are in a sidecar file beside it; "
+                         "read it with turbospark.load(path)")
+    return _build(fields)
+
+
+def _fields(data: str | bytes) -> dict[str, Any]:
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     fields = _fast_fields(raw)
-    if fields is None:
-        fields = _json_fields(raw)
-    return _build(fields)
+    return _json_fields(raw) if fields is None else fields
 
 
 # ---------------------------------------------------------------- fast path

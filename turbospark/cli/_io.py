@@ -8,7 +8,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from ..recording._atomic import write_atomic
-from ..analysis.capture import Capture, loads
+from ..analysis.capture import Capture, load
 from ..analysis.capture_sequences import Sequences, sequences
 
 __all__ = ["UsageError", "draw_document", "emit", "read_capture", "run_guarded"]
@@ -21,9 +21,7 @@ class UsageError(Exception):
 def read_capture(path: str, *, with_sequences: bool = False) -> tuple[Capture, Optional[Sequences]]:
     """Load the capture at ``path`` (and its seq/phase when asked); raises ``UsageError`` naming the file."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-        capture = loads(raw)
+        capture = load(path)
         return capture, (sequences(capture) if with_sequences else None)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ._io import UsageError, draw_document, emit, read_capture, run_guarded
+from ..recording._atomic import atomic_output
 from ..analysis.capture_sequences import exact_fraction
 from ..analysis.capture import Capture
 from ..analysis.replay import routed_experts, save_routed_experts
@@ -71,11 +72,14 @@ def add_commands(commands: Any, positive: Any) -> None:
         description="--to sglang: the per-layer expert counts as SGLang's "
         '--init-expert-location {"logical_count": ...} file. --to routed-experts: the trace per token, '
         "(tokens, layers, top_k) per sequence, ragged with cu_seqlens, as an .npz for routing replay "
-        "(vLLM's routed_experts layout; see docs/replay.md).",
+        "(vLLM's routed_experts layout; see docs/replay.md). --to json: the capture as the reference's JSON "
+        "document, byte for byte what the in-memory recorder writes (for a streamed capture: what it would "
+        "have written with trace=True; see docs/stream.md).",
     )
     export.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
-    export.add_argument("--to", choices=("sglang", "routed-experts"), required=True,
-                        help="sglang (counts) or routed-experts (the trace per token, needs the trace)")
+    export.add_argument("--to", choices=("sglang", "routed-experts", "json"), required=True,
+                        help="sglang (counts), routed-experts (the trace per token, needs the trace) or json "
+                        "(the whole capture as the reference's JSON)")
     export.add_argument("-o", "--output", metavar="FILE",
                         help="file to write (default: stdout; routed-experts needs a FILE, it is binary)")
     export.set_defaults(run=lambda args: run_guarded(_run_export, args))
@@ -184,6 +188,8 @@ def _fmt(value: Optional[float]) -> str:
 def _run_export(args: argparse.Namespace) -> int:
     if args.to == "routed-experts":
         return _export_routed_experts(args)
+    if args.to == "json":
+        return _export_json(args)
     capture, _ = read_capture(args.capture)
     if capture.num_experts == 0:
         raise UsageError(f"{args.capture} has no experts to export")
@@ -208,6 +214,22 @@ def _export_routed_experts(args: argparse.Namespace) -> int:
     plural = "" if replay.num_seqs == 1 else "s"
     print(f"wrote {args.output}: {replay.num_seqs} sequence{plural}, {ids.shape[0]} tokens x {ids.shape[1]} layers "
           f"({replay.routed_layers.shape[0]} routed) x top-{ids.shape[2]}, {ids.dtype}, fill {replay.fill}")
+    return 0
+
+
+def _export_json(args: argparse.Namespace) -> int:
+    from ..analysis.export_json import write_json
+
+    capture, _ = read_capture(args.capture)
+    if args.output in (None, "-"):
+        write_json(capture, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        return 0
+    try:
+        with atomic_output(args.output) as out:
+            write_json(capture, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     return 0
 
 

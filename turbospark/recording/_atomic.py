@@ -8,10 +8,12 @@ removed and an earlier file at the path is left untouched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
 import threading
+from typing import IO, Iterator
 
 # Temporary files of writes in progress, so a SIGTERM handler that ends the
 # process in the middle of one can remove it first.
@@ -68,13 +70,23 @@ def write_atomic(path: str, data: bytes) -> None:
     FIFO, ``/dev/stdout``) is written in place: replacing it would swap a
     device for a regular file.
     """
+    with atomic_output(path) as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[IO[bytes]]:
+    """A binary file whose contents replace ``path`` atomically when the block ends without an exception.
+
+    For output too large to hold in memory first; otherwise as ``write_atomic``.
+    """
     try:
         mode = os.stat(path).st_mode
     except OSError:
         mode = None
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         with open(path, "wb") as handle:
-            handle.write(data)
+            yield handle
         return
     # Through symlinks, as a plain write would go: replace the file, not the link.
     target = os.path.realpath(path)
@@ -89,7 +101,7 @@ def write_atomic(path: str, data: bytes) -> None:
         _temporaries.add(temporary)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            yield handle
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, _final_mode(target))

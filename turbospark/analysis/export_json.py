@@ -1,0 +1,63 @@
+"""``turbospark export CAPTURE --to json``: any loaded capture as the reference's JSON document.
+
+The bytes are those the in-memory recorder (``trace=True``) writes for the
+same recording: members in the recorder's order (sizes, ``counts``,
+``trace``, ``trace_cap``/``trace_dropped``, ``pred``, ``router_logits``,
+``seq``/``phase``), then ``pilot_distance`` as a model capture writes it, no
+whitespace, no newline. For a streamed capture this is the document the
+recorder would have written had it kept the trace in memory; for a JSON
+capture it gives the file back, byte for byte. The rows are written one
+layer at a time, so a streamed layer's rows are in memory only while that
+layer is written.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+import numpy as np
+
+from ..recording._f32display import format_f32_row
+from .capture import Capture
+
+__all__ = ["write_json"]
+
+
+def write_json(capture: Capture, out: IO[bytes]) -> None:
+    """Write ``capture`` to the binary stream ``out`` as the recorder's JSON document."""
+    experts = capture.num_experts if capture.num_layers else 0
+    out.write(f'{{"num_layers":{capture.num_layers},"num_experts":{experts},"top_k":{capture.top_k},'
+              f'"counts":'.encode("ascii"))
+    _rows(out, capture.counts)
+    if capture.trace is not None:
+        out.write(b',"trace":')
+        _rows(out, capture.trace)
+        if capture.trace_cap is not None:
+            dropped = ",".join(map(str, np.asarray(capture.trace_dropped).tolist()))
+            out.write(f',"trace_cap":{capture.trace_cap},"trace_dropped":[{dropped}]'.encode("ascii"))
+    if capture.pred is not None:
+        out.write(b',"pred":')
+        _rows(out, capture.pred)
+    logits = capture.router_logits
+    if logits is not None:
+        values = "null" if logits.values is None else format_f32_row(logits.values.astype(np.float32))
+        out.write(f',"router_logits":{{"layer":{logits.layer},"pass":{logits.pass_index},"values":{values}}}'
+                  .encode("ascii"))
+    if capture.seq is not None and capture.phase is not None:
+        out.write(b',"seq":')
+        _rows(out, capture.seq)
+        out.write(b',"phase":')
+        _rows(out, capture.phase)
+    if capture.pilot_distance is not None:
+        out.write(f',"pilot_distance":[{",".join(map(str, capture.pilot_distance))}]'.encode("ascii"))
+    out.write(b"}")
+
+
+def _rows(out: IO[bytes], rows: Any) -> None:
+    out.write(b"[")
+    for index in range(len(rows)):
+        if index:
+            out.write(b",")
+        flat = np.asarray(rows[index]).ravel()
+        out.write(b"[" + ",".join(map(str, flat.tolist())).encode("ascii") + b"]")
+    out.write(b"]")

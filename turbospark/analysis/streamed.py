@@ -1,0 +1,230 @@
+"""Loading a streamed capture (``trace="stream"``): its JSON summary, and its sidecar memory-mapped.
+
+The sidecar (layout in ``docs/stream.md``) is mapped, not read: ``load`` walks
+the frame headers (40 bytes each, one per layer and chunk), and each layer's
+rows are materialised only when the caller first asks for that layer, as one
+array of the file's id width (uint8 for up to 256 experts), a zero-copy view
+of the map when the layer sits in one frame. So loading costs the headers,
+and memory grows with what the caller touches.
+
+Recovery: frames are read up to the first one that is cut short, fails its
+checksum or breaks its layer's row order; nothing after it is read. Frames
+the summary covers were made durable before the summary was written, so
+their checksums are verified only with ``verify=True``; every frame beyond
+(written after the last checkpoint, before a crash) is verified. When the
+rows on disk are not exactly those the summary counts (a crash after the
+last checkpoint, a cut file, a failed write), the counts of each such layer
+are recomputed from its rows on disk, and a ``RuntimeWarning`` says what was
+recovered or dropped (also in ``Capture.stream``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, Union, overload
+
+import numpy as np
+
+from ..recording import _stream_format as fmt
+
+__all__ = ["LayerRows", "StreamInfo", "load_streamed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    """What a streamed capture's sidecar held when it was loaded.
+
+    ``path``: the sidecar; ``id_dtype``: its id width; ``frames``: whole
+    frames read; ``read_bytes``: where the last of them ends;
+    ``dropped_bytes``: bytes after it that were not read (a cut or torn
+    tail, or frames after a gap); ``recovered_passes`` / ``missing_passes``:
+    per layer, passes on disk beyond what the summary counts, and passes the
+    summary counts that are not on disk (both (num_layers,) int64).
+    """
+
+    path: str
+    id_dtype: np.dtype
+    frames: int
+    read_bytes: int
+    dropped_bytes: int
+    recovered_passes: np.ndarray
+    missing_passes: np.ndarray
+
+
+class LayerRows(Sequence):  # type: ignore[type-arg]
+    """One array per layer, built on first access from that layer's frames and then kept."""
+
+    def __init__(self, count: int, build: Callable[[int], np.ndarray]) -> None:
+        self._build = build
+        self._rows: list[Optional[np.ndarray]] = [None] * count
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[np.ndarray, list[np.ndarray]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self._rows)
+        if not 0 <= index < len(self._rows):
+            raise IndexError(f"layer {index} out of range for {len(self._rows)} layers")
+        rows = self._rows[index]
+        if rows is None:
+            rows = self._rows[index] = self._build(index)
+        return rows
+
+    def __repr__(self) -> str:
+        built = sum(rows is not None for rows in self._rows)
+        return f"<LayerRows: {len(self._rows)} layers, {built} materialised>"
+
+
+class _Segment:
+    __slots__ = ("offset", "rows", "tagged")
+
+    def __init__(self, offset: int, rows: int, tagged: bool) -> None:
+        self.offset = offset  # of the payload
+        self.rows = rows
+        self.tagged = tagged
+
+
+def _stream_field(fields: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    stream = fields["stream"]
+    if not isinstance(stream, dict):
+        raise ValueError(f"stream must be an object, got {type(stream).__name__}")
+    if stream.get("format") != fmt.VERSION:
+        raise ValueError(f"stream.format is {stream.get('format')!r}; this turbospark reads format {fmt.VERSION}")
+    name = stream.get("file")
+    if not isinstance(name, str) or not name or os.path.basename(name) != name:
+        raise ValueError(f"stream.file must name a file beside the capture, got {name!r}")
+    size = stream.get("bytes")
+    if type(size) is not int or size < 0:
+        raise ValueError(f"stream.bytes must be a non-negative integer, got {size!r}")
+    for key in ("passes", "predictions", "lost_passes", "lost_predictions"):
+        value = stream.get(key)
+        if value is None and key != "passes":
+            continue
+        if (not isinstance(value, list) or len(value) != num_layers
+                or any(type(v) is not int or v < 0 for v in value)):
+            raise ValueError(f"stream.{key} must be a list of num_layers={num_layers} non-negative integers, "
+                             f"got {value!r}")
+    return stream
+
+
+def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool = False) -> Any:
+    """The ``Capture`` of a streamed capture: ``base`` (built from the summary) with its rows from the sidecar.
+
+    ``fields`` are the summary's parsed members. Raises OSError when the
+    sidecar cannot be opened and ValueError naming what is wrong with it.
+    """
+    num_layers, num_experts, top_k = base.num_layers, base.num_experts, base.top_k
+    stream = _stream_field(fields, num_layers)
+    sidecar = os.path.join(os.path.dirname(os.fspath(path)), stream["file"])
+    with open(sidecar, "rb") as handle:
+        file_size = os.fstat(handle.fileno()).st_size
+        data: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if file_size else b""
+    try:
+        header = fmt.unpack_header(data[: fmt.HEADER_SIZE])
+    except ValueError as exc:
+        raise ValueError(f"{sidecar}: {exc}") from None
+    if (header.num_layers, header.num_experts) != (num_layers, num_experts):
+        raise ValueError(f"{sidecar}: its header says {header.num_layers} layers x {header.num_experts} experts, "
+                         f"the capture {num_layers} x {num_experts}")
+    dtype = fmt.id_dtype(header.id_bytes)
+    passes: list[list[_Segment]] = [[] for _ in range(num_layers)]
+    preds: list[list[_Segment]] = [[] for _ in range(num_layers)]
+    width = top_k
+    offset, frames, trusted = fmt.HEADER_SIZE, 0, stream["bytes"]
+    counted = [[0] * num_layers, [0] * num_layers]
+    while offset + fmt.FRAME_HEADER_SIZE <= file_size:
+        try:
+            frame = fmt.unpack_frame(data, offset)
+        except ValueError:
+            break
+        end = offset + fmt.FRAME_HEADER_SIZE + frame.payload_size
+        tagged = bool(frame.flags & fmt.TAGGED)
+        expected = fmt.padded(frame.rows * frame.width * header.id_bytes + (9 * frame.rows if tagged else 0))
+        if (end > file_size or frame.kind not in (fmt.PASSES, fmt.PREDICTIONS) or frame.layer >= num_layers
+                or frame.payload_size != expected or frame.width == 0 or (width and frame.width != width)
+                or (tagged and frame.kind != fmt.PASSES) or frame.first != counted[frame.kind][frame.layer]):
+            break
+        if (verify or end > trusted) and fmt.frame_crc(data, offset, frame.payload_size) != frame.crc:
+            break
+        width = frame.width
+        (passes if frame.kind == fmt.PASSES else preds)[frame.layer].append(
+            _Segment(offset + fmt.FRAME_HEADER_SIZE, frame.rows, tagged))
+        counted[frame.kind][frame.layer] += frame.rows
+        frames += 1
+        offset = end
+    on_disk = np.array(counted[0], dtype=np.int64)
+    stated = np.array(stream["passes"], dtype=np.int64)
+    recovered = np.maximum(on_disk - stated, 0)
+    missing = np.maximum(stated - on_disk, 0) + np.array(stream.get("lost_passes") or [0] * num_layers, np.int64)
+    info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing)
+
+    trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width))
+    pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width))
+            if stream.get("predictions") is not None else None)
+    seq = phase = None
+    if any(segment.tagged for layer in passes for segment in layer):
+        seq = LayerRows(num_layers, lambda layer: _tags(data, passes[layer], header.id_bytes, width, 0))
+        phase = LayerRows(num_layers, lambda layer: _tags(data, passes[layer], header.id_bytes, width, 1))
+    counts = base.counts
+    stale = np.flatnonzero((on_disk != stated) | (missing > 0)).tolist()
+    if stale:
+        counts = counts.copy()
+        for layer in stale:
+            counts[layer] = np.bincount(trace[layer].ravel(), minlength=num_experts)[:num_experts]
+    if stale or info.dropped_bytes:
+        _warn(sidecar, info, recomputed=bool(stale))
+    return dataclasses.replace(base, top_k=top_k or (width if frames else 0), counts=counts, trace=trace, pred=pred,
+                               seq=seq, phase=phase, stream=info)
+
+
+def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int) -> np.ndarray:
+    parts = [np.frombuffer(data, dtype=dtype, count=s.rows * width, offset=s.offset + (8 * s.rows if s.tagged else 0))
+             for s in segments]
+    if not parts:
+        return np.zeros((0, width), dtype=dtype)
+    flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return flat.reshape(-1, width)
+
+
+def _tags(data: Any, segments: list[_Segment], id_bytes: int, width: int, column: int) -> np.ndarray:
+    """A layer's seq (column 0, int64) or phase (column 1, uint8) column; untagged frames read as the defaults."""
+    dtype = np.dtype("<i8") if column == 0 else np.dtype("u1")
+    parts = []
+    for s in segments:
+        if not s.tagged:
+            parts.append(np.full(s.rows, 0 if column == 0 else 1, dtype=dtype))
+        elif column == 0:
+            parts.append(np.frombuffer(data, dtype=dtype, count=s.rows, offset=s.offset))
+        else:
+            parts.append(np.frombuffer(data, dtype=dtype, count=s.rows, offset=s.offset + s.rows * (8 + width * id_bytes)))
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _warn(sidecar: str, info: StreamInfo, *, recomputed: bool) -> None:
+    said = []
+    if info.dropped_bytes:
+        said.append(f"{info.dropped_bytes} bytes after the last whole frame (at byte {info.read_bytes}) were not read")
+    if info.recovered_passes.any():
+        said.append(f"{int(info.recovered_passes.sum())} passes beyond the last checkpoint were recovered "
+                    f"(per layer {info.recovered_passes.tolist()})")
+    if info.missing_passes.any():
+        said.append(f"{int(info.missing_passes.sum())} passes the capture counts are not on disk "
+                    f"(per layer {info.missing_passes.tolist()})")
+    if recomputed:
+        said.append("the counts of those layers are recomputed from the rows on disk")
+    warnings.warn(f"{sidecar}: " + "; ".join(said), RuntimeWarning, stacklevel=3)
