@@ -126,3 +126,34 @@ def split_at(stderr: str, marker: str) -> tuple[list[str], list[str]]:
     lines = stderr.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(marker))
     return lines[:at], lines[at + 1:]
+
+
+def progress_until_killed(tmp_path: pathlib.Path, code: str, *args: str,
+                          seconds: float = 3.0) -> tuple[list[tuple[float, int]], float]:
+    """Run ``code`` (after PREAMBLE), which prints ``time.monotonic() count`` lines, for ``seconds``, then SIGKILL it.
+
+    Returns the (time, count) lines read and the time of the kill (both on
+    the system's monotonic clock, shared by every process).
+    """
+    import time
+
+    script = tmp_path / "killed.py"
+    script.write_text(PREAMBLE + textwrap.dedent(code))
+    proc = subprocess.Popen([sys.executable, str(script), *args], cwd=str(tmp_path), env=child_env(),
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    progress: list[tuple[float, int]] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            stamp, count = line.split()
+            progress.append((float(stamp), int(count)))
+            if progress[-1][0] - progress[0][0] > seconds:
+                break
+        killed_at = time.monotonic()
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL, f"the child exited by itself with {proc.returncode}"
+    return progress, killed_at

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -21,7 +18,7 @@ from typing import Any, Callable
 import pytest
 
 import turbospark
-from childproc import PREAMBLE, child_env
+from childproc import progress_until_killed
 
 CHECKPOINT = "TURBOSPARK_ROUTER_HIST_CHECKPOINT"
 
@@ -159,25 +156,7 @@ while True:
 def test_a_sigkilled_recorder_leaves_a_capture_no_older_than_one_interval(tmp_path: Any) -> None:
     path = tmp_path / "c.json"
     interval = 0.25
-    script = tmp_path / "killed.py"
-    script.write_text(PREAMBLE + _KILLED)
-    proc = subprocess.Popen([sys.executable, str(script), str(path), str(interval)], cwd=str(tmp_path),
-                            env=child_env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
-    progress = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            stamp, passes = line.split()
-            progress.append((float(stamp), int(passes)))
-            if progress[-1][0] - progress[0][0] > 3.0:
-                break
-        killed_at = time.monotonic()
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
-        assert proc.stdout is not None
-        proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL
+    progress, killed_at = progress_until_killed(tmp_path, _KILLED, str(path), str(interval))
     capture = turbospark.load(str(path))
     on_disk = int(capture.counts.sum()) // 2
     assert on_disk == capture.trace[0].shape[0] + capture.trace[1].shape[0]

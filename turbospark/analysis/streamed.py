@@ -218,7 +218,8 @@ def _tags(data: Any, segments: list[_Segment], id_bytes: int, width: int, column
 def _warn(sidecar: str, info: StreamInfo, *, recomputed: bool) -> None:
     said = []
     if info.dropped_bytes:
-        said.append(f"{info.dropped_bytes} bytes after the last whole frame (at byte {info.read_bytes}) were not read")
+        said.append(f"{info.dropped_bytes} bytes from byte {info.read_bytes} on were not read (a frame there is cut "
+                    "short, damaged, or follows a gap in its layer's rows)")
     if info.recovered_passes.any():
         said.append(f"{int(info.recovered_passes.sum())} passes beyond the last checkpoint were recovered "
                     f"(per layer {info.recovered_passes.tolist()})")
