@@ -56,11 +56,19 @@ class StreamInfo:
 
 
 class LayerRows(Sequence):  # type: ignore[type-arg]
-    """One array per layer, built on first access from that layer's frames and then kept."""
+    """One array per layer, built on access from that layer's frames; the last ``KEPT`` built are kept.
+
+    Keeping only a few bounds the memory of a pass over every layer (the
+    analysis, an export) by the largest layers rather than by the capture;
+    an array handed out stays valid (it owns its rows, or views the map).
+    """
+
+    KEPT = 4
 
     def __init__(self, count: int, build: Callable[[int], np.ndarray]) -> None:
         self._build = build
         self._rows: list[Optional[np.ndarray]] = [None] * count
+        self._order: list[int] = []
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -81,11 +89,14 @@ class LayerRows(Sequence):  # type: ignore[type-arg]
         rows = self._rows[index]
         if rows is None:
             rows = self._rows[index] = self._build(index)
+            rows.setflags(write=False)
+            self._order.append(index)
+            if len(self._order) > self.KEPT:
+                self._rows[self._order.pop(0)] = None
         return rows
 
     def __repr__(self) -> str:
-        built = sum(rows is not None for rows in self._rows)
-        return f"<LayerRows: {len(self._rows)} layers, {built} materialised>"
+        return f"<LayerRows: {len(self._rows)} layers, {len(self._order)} built and kept>"
 
 
 class _Segment:

@@ -1,0 +1,130 @@
+"""Long captures: in-memory (``trace=True``) against streamed (``trace="stream"``), at 100 K to 2 M passes.
+
+Run: ``python benchmarks/bench_scale.py [--passes 100000 400000 2000000] [--dir DIR]``.
+
+The shape is issue 18's: 60 layers x 128 experts, top-8, with the trace (no
+probe). Every pass of a layer is recorded by ``record_many`` in blocks of
+1,024 passes drawn from a pool of 16 random blocks per layer (so drawing
+ids costs nothing in the timings). Each case runs in two fresh child
+processes, so each peak RSS is that phase's alone:
+
+* record + write: ``record`` is the recording calls, ``write`` the close
+  (the JSON, or for a stream: the last chunks made durable and the summary);
+  ``rss rec`` its peak resident memory;
+* load + analyze: ``load`` is ``turbospark.load`` plus building every
+  layer's trace array (for a stream: the memory map's rows; in memory: the
+  JSON parse), with ``MB/s`` the trace bytes on disk over that time;
+  ``analyze`` is ``turbospark.analyze`` on a fresh load (the whole
+  ``analyze --json`` document), with its rate in ids per second; ``rss an``
+  the peak of that process.
+
+The comparison is the in-memory capture at the same size, in the same run.
+The 2 M case is streamed only (its in-memory trace would need ~4 GiB to
+record and ~24 GiB to load). Files go to ``--dir`` (default: a temporary
+directory, removed at the end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+LAYERS, EXPERTS, TOP_K, BLOCK = 60, 128, 8, 1024
+
+
+def _record(path: str, passes: int, trace: object) -> dict[str, float]:
+    import numpy as np
+
+    from turbospark import RouterHistogram
+
+    rng = np.random.default_rng(0)
+    pool = [[np.argsort(rng.random((BLOCK, EXPERTS)), axis=1)[:, :TOP_K].astype(np.int64) for _ in range(16)]
+            for _ in range(LAYERS)]
+    hist = RouterHistogram(path, LAYERS, EXPERTS, TOP_K, trace=trace)
+    started = time.perf_counter()
+    done = 0
+    while done < passes:
+        rows = min(BLOCK, passes - done)
+        for layer in range(LAYERS):
+            block = pool[layer][(done // BLOCK) % 16]
+            hist.record_many(layer, block if rows == BLOCK else block[:rows])
+        done += rows
+    recorded = time.perf_counter()
+    hist.close()
+    written = time.perf_counter()
+    size = os.path.getsize(path) + (os.path.getsize(path + ".trace") if trace == "stream" else 0)
+    return {"record": recorded - started, "write": written - recorded, "bytes": size,
+            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _analyze(path: str) -> dict[str, float]:
+    import turbospark
+
+    started = time.perf_counter()
+    capture = turbospark.load(path)
+    for layer in range(capture.num_layers):
+        capture.trace[layer]
+    loaded = time.perf_counter()
+    del capture
+    fresh = turbospark.load(path)
+    begun = time.perf_counter()
+    turbospark.analyze(fresh)
+    analyzed = time.perf_counter()
+    return {"load": loaded - started, "analyze": analyzed - begun,
+            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _child(*args: str) -> dict[str, float]:
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], check=True,
+                            stdout=subprocess.PIPE, text=True)
+    return json.loads(result.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", type=int, nargs="+", default=[100_000, 400_000, 2_000_000])
+    parser.add_argument("--dir", help="where the captures go (default: a temporary directory)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        what, path = args.child[0], args.child[1]
+        if what == "record":
+            trace = "stream" if args.child[3] == "stream" else True
+            print(json.dumps(_record(path, int(args.child[2]), trace)))
+        else:
+            print(json.dumps(_analyze(path)))
+        return
+    directory = args.dir or tempfile.mkdtemp(prefix="turbospark-scale-")
+    print(f"{LAYERS} layers x {EXPERTS} experts, top-{TOP_K}, trace on; one child process per phase")
+    print(f"{'passes':>9} {'ids':>6} {'mode':>7} {'record':>7} {'write':>7} {'file':>9} {'rss rec':>8} "
+          f"{'load':>7} {'MB/s':>7} {'analyze':>8} {'M ids/s':>8} {'rss an':>8}")
+    try:
+        for passes in args.passes:
+            for mode in ("memory", "stream"):
+                if mode == "memory" and passes > 400_000:
+                    continue
+                path = os.path.join(directory, f"{mode}-{passes}.json")
+                rec = _child("record", path, str(passes), mode)
+                an = _child("analyze", path)
+                ids = passes * LAYERS * TOP_K
+                print(f"{passes:>9} {ids / 1e6:>5.0f}M {mode:>7} {rec['record']:>6.2f}s {rec['write']:>6.2f}s "
+                      f"{rec['bytes'] / 2**20:>6.0f}MiB {rec['rss']:>5.0f}MiB {an['load']:>6.2f}s "
+                      f"{rec['bytes'] / 1e6 / an['load']:>7.0f} {an['analyze']:>7.2f}s "
+                      f"{ids / 1e6 / an['analyze']:>8.0f} {an['rss']:>5.0f}MiB", flush=True)
+                for name in (path, path + ".trace"):
+                    if os.path.exists(name):
+                        os.remove(name)
+    finally:
+        if not args.dir:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
