@@ -219,6 +219,24 @@ def test_next_probe_without_dense_gaps_keeps_the_reference_json(tmp_path: Any) -
     assert rec.closed
 
 
+def test_a_streamed_model_capture_is_the_in_memory_capture(tmp_path: Any) -> None:
+    from turbospark.analysis.export_json import write_json
+    import io
+
+    model = build("qwen3_moe")  # a dense layer between routed ones: pilot_distance is written
+    tokens = torch.tensor([[1, 5, 9, 13], [7, 22, 3, 3]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    for trace, name in ((True, "m.json"), ("stream", "s.json")):
+        with capture(model, tmp_path / name, trace=trace, pilot="next", checkpoint=30.0) as rec:
+            assert rec is not None and rec.checkpoint == 30.0
+            model.generate(input_ids=tokens, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    streamed = turbospark.load(tmp_path / "s.json")
+    assert streamed.stream is not None and streamed.pilot_distance == (0, 0, 2)
+    out = io.BytesIO()
+    write_json(streamed, out)
+    assert out.getvalue() == (tmp_path / "m.json").read_bytes()
+
+
 def test_probe_calls_fire_no_hook(tmp_path: Any) -> None:
     model = build("mixtral")
     calls = []
@@ -274,7 +292,7 @@ def test_bad_arguments_are_refused_before_anything_is_installed(tmp_path: Any) -
     with pytest.raises(ValueError, match=r"pilot must be None, 'next' or 'self', got 'ahead'"):
         with capture(model, tmp_path / "c.json", pilot="ahead"):
             pass
-    with pytest.raises(ValueError, match=r"^trace must be None, True or False, got 'yes'$"):
+    with pytest.raises(ValueError, match=r"^trace must be None, True, False or 'stream', got 'yes'$"):
         with capture(model, tmp_path / "c.json", trace="yes"):  # type: ignore[arg-type]
             pass
     with capture(model, tmp_path / "c.json"):

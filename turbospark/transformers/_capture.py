@@ -417,8 +417,10 @@ def capture(
     model: nn.Module,
     path: Union[str, "os.PathLike[str]", None] = None,
     *,
-    trace: Optional[bool] = None,
+    trace: Union[bool, str, None] = None,
     pilot: Optional[str] = None,
+    trace_cap: Optional[int] = None,
+    checkpoint: Optional[float] = None,
 ) -> Iterator[Optional[ModelRecorder]]:
     """Record the routing of a transformers MoE ``model`` while the ``with`` block runs.
 
@@ -426,7 +428,10 @@ def capture(
     environment decide the path exactly as ``RouterHistogram.from_env``
     (nothing is recorded, nothing written and no hook installed when
     ``TURBOSPARK_ROUTER_HIST`` is unset). ``trace``: keep every pass's ids
-    (None: off, or with ``path=None`` what ``TURBOSPARK_ROUTER_TRACE`` says).
+    (None: off, or with ``path=None`` what ``TURBOSPARK_ROUTER_TRACE`` says;
+    ``"stream"``: streamed to a sidecar in bounded memory, see docs/stream.md).
+    ``trace_cap`` and ``checkpoint``: as ``RouterHistogram``'s (None: off,
+    or with ``path=None`` what their environment variables say).
     ``pilot``: None, ``"next"`` (each routed layer predicts the next routed
     one) or ``"self"`` (the wiring self-test); with ``path=None``, None
     follows ``TURBOSPARK_PILOT_PROBE``. A ``trace`` or ``pilot`` given
@@ -467,8 +472,8 @@ def capture(
     """
     if pilot not in _PILOTS:
         raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
-    if trace is not None and not isinstance(trace, bool):
-        raise ValueError(f"trace must be None, True or False, got {trace!r}")
+    if trace is not None and not isinstance(trace, bool) and trace != "stream":
+        raise ValueError(f"trace must be None, True, False or 'stream', got {trace!r}")
     wrapper = None
     inner = _compiled_inner(model)
     if inner is not None:
@@ -485,14 +490,17 @@ def capture(
         config = _env.config_from_env(sizes[0])
         assert config is not None  # HIST is set
         config = dataclasses.replace(
-            config, trace=config.trace if trace is None else trace, pilot=config.pilot if pilot is None else pilot
+            config, trace=config.trace if trace is None else trace, pilot=config.pilot if pilot is None else pilot,
+            trace_cap=config.trace_cap if trace_cap is None else trace_cap,
+            checkpoint=config.checkpoint if checkpoint is None else checkpoint,
         )
         probe = _plan_probe(routing, config.pilot)
         given = frozenset(name for name, value in (("trace", trace), ("pilot", pilot)) if value is not None)
         recorder = ModelRecorder.from_config(config, *sizes, given=given)
     else:
         probe = _plan_probe(routing, pilot)
-        recorder = ModelRecorder(path, *sizes, trace=bool(trace), pilot=pilot)
+        recorder = ModelRecorder(path, *sizes, trace=trace if trace == "stream" else bool(trace), pilot=pilot,
+                                 trace_cap=trace_cap, checkpoint=checkpoint)
     session: Optional[_Session] = None
     try:
         session = _Session(model, routing, recorder, probe, wrapper)
