@@ -45,6 +45,7 @@ def test_the_analysis_wing_loads_no_core_and_no_extra() -> None:
         "from turbospark.analysis import capture, capture_sequences, compare, holdout, merge, metrics\n"
         "from turbospark.analysis import plot, plot_placement, report, sequences\n"
         "from turbospark.analysis import cache, plot_cache, _cache_py, _cache_kernels, replay, parquet\n"
+        "from turbospark.analysis import partial, distributed\n"
         "import turbospark.placement, turbospark.placement.document, turbospark.placement.formats\n"
         "import turbospark.cli\n"
     )
