@@ -4,8 +4,12 @@ example between the README and a page keeps it tested."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import pathlib
 import re
+from typing import Iterator, Union
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 DOCS = sorted((README.parent / "docs").glob("*.md"))
@@ -38,3 +42,22 @@ def block_after(comment: str, language: str = r"[a-z]*") -> str:
     assert len(found) == 1, f"README/docs hold {len(found)} {language} blocks after <!-- {comment} -->"
     return found[0]
 
+
+
+@contextlib.contextmanager
+def working_directory(directory: Union[str, "os.PathLike[str]"]) -> Iterator[None]:
+    """Run the block in ``directory`` (the docs' examples name files relative to where they run)."""
+    cwd = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def exec_block(code: str, where: str) -> str:
+    """Run a docs page's Python block (``where`` names the page in tracebacks); returns what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, where, "exec"), {})  # noqa: S102 -- the page's own code
+    return out.getvalue()

@@ -13,7 +13,11 @@ from childproc import run_python
 from conftest import require_module
 
 HEAVY = (
+    "dask",
+    "distributed",
+    "duckdb",
     "matplotlib",
+    "pyarrow",
     "torch",
     "transformers",
     "turbospark.recording._backend",
@@ -40,7 +44,8 @@ def test_the_analysis_wing_loads_no_core_and_no_extra() -> None:
         "import turbospark.analysis\n"
         "from turbospark.analysis import capture, capture_sequences, compare, holdout, merge, metrics\n"
         "from turbospark.analysis import plot, plot_placement, report, sequences\n"
-        "from turbospark.analysis import cache, plot_cache, _cache_py, _cache_kernels, replay\n"
+        "from turbospark.analysis import cache, plot_cache, _cache_py, _cache_kernels, replay, parquet\n"
+        "from turbospark.analysis import partial, distributed\n"
         "import turbospark.placement, turbospark.placement.document, turbospark.placement.formats\n"
         "import turbospark.cli\n"
     )

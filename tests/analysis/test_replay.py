@@ -3,10 +3,8 @@ the exact round trip to each layer's trace and seq, the file's checks, and the d
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ from turbospark.analysis.replay import (
 from turbospark.cli import main
 
 from placement_helpers import traced as placement_traced
-from readme_blocks import block_after
+from readme_blocks import block_after, exec_block, working_directory
 
 F = 255  # the uint8 fill
 
@@ -246,14 +244,7 @@ def test_the_docs_example_prints_what_the_page_shows(tmp_path: Path, capfd: pyte
     assert json.loads(_docs("replay-capture")) == INTERLEAVED
     command = _docs("replay-cli").split()
     assert command[:2] == ["turbospark", "export"]
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
+    with working_directory(tmp_path):
         assert main(command[1:]) == 0
         assert capfd.readouterr().out == _docs("replay-cli-output")
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            exec(compile(_docs("replay-read"), "docs/replay.md", "exec"), {})  # noqa: S102 -- the page's own code
-    finally:
-        os.chdir(cwd)
-    assert out.getvalue() == _docs("replay-read-output")
+        assert exec_block(_docs("replay-read"), "docs/replay.md") == _docs("replay-read-output")

@@ -49,7 +49,7 @@ from ..recording._f32display import format_f32_row
 from .capture_sequences import Sequences, layer_passes
 from .capture import Capture
 
-__all__ = ["dropped_sequences", "merge_captures"]
+__all__ = ["check_mergeable", "dropped_sequences", "merge_captures", "sequence_width"]
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
@@ -162,6 +162,50 @@ def _summed(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> np.ndarra
     return total
 
 
+def check_mergeable(inputs: list[tuple[str, Capture]], widths: list[int], tagged: list[bool]) -> bool:
+    """Every refusal ``merge_captures`` makes, for inputs known by their shapes alone (``analyze --dask``).
+
+    Takes (name, capture) pairs whose counts, trace and prediction shapes, flags and pilot_distance are
+    the files' (the ids themselves are not read), each file's sequence width (largest id + 1, or 0
+    without passes) and whether it has sequence tags. Returns whether the merge carries sequences;
+    raises the ``ValueError`` ``merge_captures`` would raise.
+    """
+    triples: list[tuple[str, Capture, Optional[Sequences]]] = [(name, capture, None) for name, capture in inputs]
+    _check(triples)
+    counts = _summed(triples)
+    first = inputs[0][1]
+    if not (first.trace is not None or all(tagged)):
+        return False
+    offset = 0
+    for (name, _), width in zip(inputs, widths):
+        offset = _shifted(name, offset, width)
+    held = np.sum([layer_passes(capture) for _, capture in inputs], axis=0, dtype=np.int64).tolist()
+    _check_tag_count(first, counts, held)
+    return True
+
+
+def _shifted(name: str, offset: int, width: int) -> int:
+    """The offset after an input of ``width``; raises ``ValueError`` when its ids would pass int64."""
+    if width and offset + width - 1 > _INT64_MAX:
+        raise ValueError(
+            f"cannot merge {name}: its sequence id {width - 1} shifted by {offset} (the widths of the "
+            f"captures before it) is {offset + width - 1}, beyond the largest id a capture holds "
+            f"({_INT64_MAX}); merge fewer captures, or captures with smaller sequence ids")
+    return offset + width
+
+
+def _check_tag_count(first: Capture, counts: np.ndarray, held: list[int]) -> None:
+    """Counts only: the loader reads the merged passes as summed selections // top_k, which the tags must match."""
+    if first.trace is not None or not first.top_k:
+        return
+    for layer, total in enumerate(counts.sum(axis=1).tolist()):
+        if total // first.top_k != held[layer]:
+            raise ValueError(
+                f"cannot merge: layer {layer} holds {total} selections in all, {total // first.top_k} "
+                f"passes of top_k={first.top_k}, but the inputs tag {held[layer]}: some input's selections are "
+                "not whole passes, so the merged seq would not line up with its passes")
+
+
 def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]],
                counts: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
     offset = 0
@@ -173,28 +217,19 @@ def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]],
             phase = [np.ones(n, dtype=np.int64) for n in passes]
         else:
             seq, phase = seqs
-        # The width of an input: its largest sequence id + 1, or 0 when it has no passes.
-        width = max((int(row.max()) + 1 for row in seq if row.size), default=0)
-        if width and offset + width - 1 > _INT64_MAX:
-            raise ValueError(
-                f"cannot merge {name}: its sequence id {width - 1} shifted by {offset} (the widths of the "
-                f"captures before it) is {offset + width - 1}, beyond the largest id a capture holds "
-                f"({_INT64_MAX}); merge fewer captures, or captures with smaller sequence ids")
+        width = sequence_width(seq)
         seq_parts.append([row + offset for row in seq])
         phase_parts.append(phase)
-        offset += width
+        offset = _shifted(name, offset, width)
     first = inputs[0][1]
-    if first.trace is None and first.top_k:
-        # Counts only: the loader reads the merged passes as summed selections // top_k.
-        for layer, total in enumerate(counts.sum(axis=1).tolist()):
-            held = sum(int(part[layer].shape[0]) for part in seq_parts)
-            if total // first.top_k != held:
-                raise ValueError(
-                    f"cannot merge: layer {layer} holds {total} selections in all, {total // first.top_k} "
-                    f"passes of top_k={first.top_k}, but the inputs tag {held}: some input's selections are "
-                    "not whole passes, so the merged seq would not line up with its passes")
     layers = len(first.counts)
+    _check_tag_count(first, counts, [sum(int(part[layer].shape[0]) for part in seq_parts) for layer in range(layers)])
     return _joined(seq_parts, layers), _joined(phase_parts, layers)
+
+
+def sequence_width(seq: list[np.ndarray]) -> int:
+    """The width of an input: its largest sequence id + 1, or 0 when it has no passes."""
+    return max((int(row.max()) + 1 for row in seq if row.size), default=0)
 
 
 def _rows(rows: list[np.ndarray]) -> str:

@@ -108,21 +108,29 @@ def analyze(
         from .sequences import sequence_ids
 
         extra["sequences"] = len(sequence_ids(capture))
+    trace_ok = None if trace is None else not trace_mismatches(capture)
+    return document(capture, not count_sum_failures(capture), trace_ok, layers, extra)
+
+
+def document(capture: Capture, counts_ok: bool, trace_ok: bool | None, layers: list[dict[str, Any]],
+             extra: dict[str, Any]) -> dict[str, Any]:
+    """``analyze``'s document from its parts: the header, the checks, the layer entries, then ``extra``
+    (``sequences`` when given) and the capture's ``pilot_distance``, ``trace_cap`` and ``trace_dropped``.
+    ``analyze`` of many files (``distributed``) assembles its document here too, so the keys agree."""
+    extra = dict(extra)
     if capture.pilot_distance is not None:
         extra["pilot_distance"] = list(capture.pilot_distance)
     if capture.trace_cap is not None and capture.trace_dropped is not None:
-        # The trace metrics above are over each layer's first trace_cap passes.
+        # The trace metrics are over each layer's first trace_cap passes.
         extra["trace_cap"] = capture.trace_cap
         extra["trace_dropped"] = capture.trace_dropped.tolist()
+    k, e = capture.top_k, capture.num_experts
     return {
         "num_layers": capture.num_layers,
         "num_experts": e,
         "top_k": k,
         "random_recall_baseline": k / e if e else None,
-        "checks": {
-            "counts_sum_ok": not count_sum_failures(capture),
-            "trace_matches_counts": None if trace is None else not trace_mismatches(capture),
-        },
+        "checks": {"counts_sum_ok": counts_ok, "trace_matches_counts": trace_ok},
         "layers": layers,
         **extra,
     }

@@ -4,23 +4,46 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Union
 
-import numpy as np
 
 from .metrics import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
 from .capture import Capture
 
-__all__ = ["format_report"]
+__all__ = ["Heading", "format_report", "heading"]
 
 
-def format_report(capture: Capture, result: dict[str, Any]) -> str:
+@dataclass(frozen=True)
+class Heading:
+    """What the text report says of the capture beyond its ``analyze`` result: whether it has a trace
+    and predictions, and the layers failing each check (``analyze`` of many files builds it from
+    their summed state)."""
+
+    traced: bool
+    predicted: bool
+    bad_counts: list[int]
+    bad_trace: list[int]
+    trace_dropped: bool
+
+
+def heading(capture: Capture, result: dict[str, Any]) -> Heading:
+    """The ``Heading`` of one capture and its ``analyze`` result (failing layers looked up only for a failed check)."""
+    checks = result["checks"]
+    dropped = capture.trace_dropped is not None and bool(capture.trace_dropped.any())
+    return Heading(capture.trace is not None, capture.pred is not None,
+                   [] if checks["counts_sum_ok"] else count_sum_failures(capture),
+                   [] if checks["trace_matches_counts"] is not False else trace_mismatches(capture), dropped)
+
+
+def format_report(capture: Union[Capture, Heading], result: dict[str, Any]) -> str:
     """The text ``turbospark analyze`` prints without ``--json``.
 
-    Takes the capture and its ``analyze`` result; returns the table, the
+    Takes the capture (or its ``Heading``) and its ``analyze`` result; returns the table, the
     summary and the check lines, newline-terminated.
     """
-    lines = [_heading(capture)]
+    facts = heading(capture, result) if isinstance(capture, Capture) else capture
+    lines = [_heading(result, facts)]
     lines += _table(result)
     lines.append("")
     lines += _summary(result)
@@ -28,23 +51,22 @@ def format_report(capture: Capture, result: dict[str, Any]) -> str:
     if "sequences" in result:
         lines += _phases(result)
         lines.append("")
-    lines += _checks(capture, result)
+    lines += _checks(result, facts)
     return "\n".join(lines) + "\n"
 
 
-def _heading(capture: Capture) -> str:
+def _heading(result: dict[str, Any], facts: Heading) -> str:
     parts = [
-        f"{capture.num_layers} layers x {capture.num_experts} experts, top-{capture.top_k}",
-        "trace: " + ("yes" if capture.trace is not None else "no (window, reuse, pilot and LRU need it)"),
-        "predictions: " + ("yes" if capture.pred is not None else "no"),
+        f"{result['num_layers']} layers x {result['num_experts']} experts, top-{result['top_k']}",
+        "trace: " + ("yes" if facts.traced else "no (window, reuse, pilot and LRU need it)"),
+        "predictions: " + ("yes" if facts.predicted else "no"),
     ]
-    if capture.seq is not None:
-        count = len({int(s) for row in capture.seq for s in np.unique(row).tolist()})
-        parts.append(f"sequences: {count} (trace metrics per sequence, never across)")
-    heading = "capture: " + "; ".join(parts)
-    if capture.trace_cap is not None and capture.trace_dropped is not None:
-        heading += "\n" + _cap_line(capture.trace_cap, capture.trace_dropped.tolist())
-    return heading
+    if "sequences" in result:
+        parts.append(f"sequences: {result['sequences']} (trace metrics per sequence, never across)")
+    text = "capture: " + "; ".join(parts)
+    if "trace_cap" in result:
+        text += "\n" + _cap_line(result["trace_cap"], result["trace_dropped"])
+    return text
 
 
 def _cap_line(cap: int, dropped: list[int]) -> str:
@@ -177,21 +199,20 @@ def _phases(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def _checks(capture: Capture, result: dict[str, Any]) -> list[str]:
+def _checks(result: dict[str, Any], facts: Heading) -> list[str]:
     checks = result["checks"]
     out = []
     if checks["counts_sum_ok"]:
         out.append("check: every layer's counts sum to top_k x passes: ok")
     else:
-        bad = count_sum_failures(capture)
-        out.append(f"CHECK FAILED: counts of layer(s) {_ranges(bad)} do not sum to a multiple of top_k={capture.top_k}")
+        out.append(f"CHECK FAILED: counts of layer(s) {_ranges(facts.bad_counts)} do not sum to a multiple of "
+                   f"top_k={result['top_k']}")
     if checks["trace_matches_counts"] is None:
         out.append("check: trace matches counts: n/a (no trace)")
     elif checks["trace_matches_counts"]:
-        capped = capture.trace_dropped is not None and bool(capture.trace_dropped.any())
-        out.append("check: trace matches counts: ok" + (" (kept passes plus dropped ones)" if capped else ""))
+        out.append("check: trace matches counts: ok" + (" (kept passes plus dropped ones)" if facts.trace_dropped else ""))
     else:
-        out.append(f"CHECK FAILED: trace of layer(s) {_ranges(trace_mismatches(capture))} does not reproduce the counts")
+        out.append(f"CHECK FAILED: trace of layer(s) {_ranges(facts.bad_trace)} does not reproduce the counts")
     return out
 
 

@@ -60,8 +60,14 @@ def _parser() -> argparse.ArgumentParser:
         help="per-layer concentration, window-distinct experts, reuse, pilot recall, LRU hit rate",
         description="Analyse a capture; prints a per-layer table and a summary, or JSON.",
     )
-    analyze_cmd.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
+    analyze_cmd.add_argument("capture", metavar="CAPTURE", nargs="+",
+                             help="capture JSON file; several: the report of their merge (turbospark merge), "
+                             "computed per file and layer without merging")
     _add_analysis_options(analyze_cmd)
+    analyze_cmd.add_argument("--dask", metavar="ADDRESS",
+                             help="run the per-(file, layer) tasks on a Dask cluster: a scheduler address "
+                             "(tcp://host:8786), or local for a LocalCluster here (needs pip install "
+                             "'turbospark[dask]'; see docs/dask.md)")
     analyze_cmd.add_argument(
         "--self-test",
         action="store_true",
@@ -207,7 +213,11 @@ def _load(path: str) -> Capture | None:
 def _run_analyze(args: argparse.Namespace) -> int:
     from ._analyze_extras import extras
 
-    capture = _load(args.capture)
+    if args.dask is not None or len(args.capture) > 1:
+        from ._analyze_many import analyze_many
+
+        return analyze_many(args)
+    capture = _load(args.capture[0])
     if capture is None:
         return EXIT_UNUSABLE
     try:

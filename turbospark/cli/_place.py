@@ -68,20 +68,27 @@ def add_commands(commands: Any, positive: Any) -> None:
     cmd.set_defaults(run=lambda args: run_guarded(_run_place, args))
 
     export = commands.add_parser(
-        "export", help="write a capture's counts for a runtime's balancer, or its routing for replay in RL training",
+        "export", help="write a capture's counts for a runtime's balancer, its routing for replay in RL "
+        "training, or its passes as a Parquet dataset",
         description="--to sglang: the per-layer expert counts as SGLang's "
         '--init-expert-location {"logical_count": ...} file. --to routed-experts: the trace per token, '
         "(tokens, layers, top_k) per sequence, ragged with cu_seqlens, as an .npz for routing replay "
-        "(vLLM's routed_experts layout; see docs/replay.md). --to json: the capture as the reference's JSON "
-        "document, byte for byte what the in-memory recorder writes (for a streamed capture: what it would "
-        "have written with trace=True; see docs/stream.md).",
+        "(vLLM's routed_experts layout; see docs/replay.md). --to parquet: one row per pass (rank, layer, "
+        "pass, seq, phase, ids, pred), a directory partitioned rank=R/layer=L/ that DuckDB, polars, "
+        "pyarrow and Spark read (needs pyarrow: pip install 'turbospark[parquet]'; see docs/exports.md). "
+        "--to json: the capture as the reference's JSON document, byte for byte what the in-memory recorder "
+        "writes (for a streamed capture: what it would have written with trace=True; see docs/stream.md).",
     )
-    export.add_argument("capture", metavar="CAPTURE", help="capture JSON file")
-    export.add_argument("--to", choices=("sglang", "routed-experts", "json"), required=True,
-                        help="sglang (counts), routed-experts (the trace per token, needs the trace) or json "
-                        "(the whole capture as the reference's JSON)")
+    export.add_argument("capture", metavar="CAPTURE", nargs="+",
+                        help="capture JSON file; --to parquet takes several, one per rank (rank i = file i)")
+    export.add_argument("--to", choices=("sglang", "routed-experts", "parquet", "json"), required=True,
+                        help="sglang (counts), routed-experts (the trace per token), parquet (a row per "
+                        "pass; these two need the trace) or json (the whole capture as the reference's JSON)")
     export.add_argument("-o", "--output", metavar="FILE",
-                        help="file to write (default: stdout; routed-experts needs a FILE, it is binary)")
+                        help="file to write (default: stdout; routed-experts needs a FILE, it is binary; "
+                        "parquet a directory that does not exist or is empty)")
+    export.add_argument("--rank", type=int, metavar="N",
+                        help="--to parquet: the rank of the first CAPTURE (default 0); the i-th gets N + i")
     export.set_defaults(run=lambda args: run_guarded(_run_export, args))
 
 
@@ -186,6 +193,17 @@ def _fmt(value: Optional[float]) -> str:
 
 
 def _run_export(args: argparse.Namespace) -> int:
+    if args.rank is not None and (args.to != "parquet" or args.rank < 0):
+        raise UsageError(f"--rank {args.rank}: " + ("a rank is 0 or more" if args.to == "parquet"
+                                                    else "only --to parquet takes a rank"))
+    if args.to == "parquet":
+        from ._parquet import export_parquet_command
+
+        return export_parquet_command(args)
+    if len(args.capture) > 1:
+        raise UsageError(f"--to {args.to} takes one capture, got {len(args.capture)}: "
+                         f"{', '.join(args.capture)} (merge them first: turbospark merge)")
+    args.capture = args.capture[0]
     if args.to == "routed-experts":
         return _export_routed_experts(args)
     if args.to == "json":
