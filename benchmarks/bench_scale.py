@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,12 @@ import tempfile
 import time
 
 LAYERS, EXPERTS, TOP_K, BLOCK = 60, 128, 8, 1024
+
+
+def _peak_mib() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not carried over exec from the parent)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
 def _record(path: str, passes: int, trace: object) -> dict[str, float]:
@@ -61,7 +66,7 @@ def _record(path: str, passes: int, trace: object) -> dict[str, float]:
     written = time.perf_counter()
     size = os.path.getsize(path) + (os.path.getsize(path + ".trace") if trace == "stream" else 0)
     return {"record": recorded - started, "write": written - recorded, "bytes": size,
-            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "rss": _peak_mib()}
 
 
 def _analyze(path: str) -> dict[str, float]:
@@ -78,7 +83,7 @@ def _analyze(path: str) -> dict[str, float]:
     turbospark.analyze(fresh)
     analyzed = time.perf_counter()
     return {"load": loaded - started, "analyze": analyzed - begun,
-            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "rss": _peak_mib()}
 
 
 def _child(*args: str) -> dict[str, float]:
