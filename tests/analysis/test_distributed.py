@@ -229,3 +229,39 @@ def test_the_docs_usage_lines_run(tmp_path: Path, scheduler: str, capfd: pytest.
             argv = [scheduler if a == "tcp://scheduler:8786" else a for a in argv]
             argv = [p for a in argv for p in (sorted(glob.glob(a)) if "*" in a else [a])]
             assert json_of(argv[1:], capfd) == (0, expected), argv
+
+
+def _streamed_and_in_memory(tmp_path: Path, count: int) -> tuple[list[str], list[str]]:
+    """``count`` captures recorded twice, streamed and in memory (same calls), in two directories."""
+    from turbospark import RouterHistogram
+    from turbospark.recording import _stream
+
+    saved = _stream.CHUNK_IDS
+    _stream.CHUNK_IDS = 40  # many frames per layer
+    paths: dict[str, list[str]] = {"s": [], "m": []}
+    try:
+        for side, trace in (("s", "stream"), ("m", True)):
+            (tmp_path / side).mkdir()
+            for index in range(count):
+                rng = np.random.default_rng(index)
+                path = str(tmp_path / side / f"c{index}.json")
+                hist = RouterHistogram(path, 3, 16, 2, trace=trace, pilot="next")
+                for step in range(30 + 9 * index):  # whole rounds: every layer as many predictions as passes
+                    layer = step % 3
+                    ids = np.argsort(rng.random((4, 16)), axis=1)[:, :2]
+                    hist.record_batch(layer, ids, seq=[step // 9] * 4, phase="decode" if step > 5 else "prompt")
+                    hist.record_prediction_many((layer + 1) % 3, ids)
+                hist.close()
+                paths[side].append(path)
+    finally:
+        _stream.CHUNK_IDS = saved
+    return paths["s"], paths["m"]
+
+
+def test_streamed_captures_give_the_in_memory_report_on_dask(tmp_path: Path, scheduler: str,
+                                                             capfd: pytest.CaptureFixture[str]) -> None:
+    streamed, in_memory = _streamed_and_in_memory(tmp_path, 3)
+    expected = json_of(["analyze", *in_memory, "--json"], capfd)
+    assert expected[0] == 0
+    assert json_of(["analyze", *streamed, "--json"], capfd) == expected
+    assert json_of(["analyze", "--dask", scheduler, *streamed, "--json"], capfd) == expected

@@ -227,3 +227,21 @@ def test_the_docs_usage_lines_run(tmp_path: Path, capfd: pytest.CaptureFixture[s
         ranks[-1] = "routing2"  # the first line's dataset is there: a second one needs a new directory
         assert main(ranks[1:]) == 0
         assert capfd.readouterr().out.startswith("wrote routing2: 21 passes of 3 captures (ranks 0-2)")
+
+
+def test_a_streamed_capture_exports_the_rows_of_its_in_memory_twin(tmp_path: Path,
+                                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    require_module("pyarrow")
+    from turbospark import RouterHistogram
+
+    for name, trace in (("s.json", "stream"), ("m.json", True)):
+        rng = np.random.default_rng(5)
+        hist = RouterHistogram(str(tmp_path / name), 2, 300, 2, trace=trace, pilot="next")  # uint16 ids
+        for step in range(40):
+            ids = np.argsort(rng.random((3, 300)), axis=1)[:, :2]
+            hist.record_batch(step % 2, ids, seq=[step, step, step + 1], phase="decode")
+            hist.record_prediction_many((step + 1) % 2, ids)
+        hist.close()
+        assert main(["export", str(tmp_path / name), "--to", "parquet", "-o", str(tmp_path / name[0])]) == 0
+    assert rows(tmp_path / "s") == rows(tmp_path / "m")
+    assert len(rows(tmp_path / "s")) == 120
