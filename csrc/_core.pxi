@@ -36,6 +36,7 @@ cdef class RecorderCore:
     # buffers hold only the rest), ids committed since, and the count that asks
     # the facade to take them (UINT64_MAX: never, one compare per call).
     cdef uint64_t* _taken
+    cdef uint64_t* _pred_taken
     cdef uint64_t _unspilled
     cdef uint64_t _spill_at
 
@@ -46,6 +47,7 @@ cdef class RecorderCore:
         self._pred = NULL
         self._tags = NULL
         self._taken = NULL
+        self._pred_taken = NULL
         self._spill_at = <uint64_t>0xFFFFFFFFFFFFFFFF
         self._logits = None
         self._logits_layer = -1
@@ -66,7 +68,8 @@ cdef class RecorderCore:
         self._counts = <uint64_t*>calloc(max(self._num_layers * self._num_experts, 1), sizeof(uint64_t))
         self._passes = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
         self._taken = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
-        if self._counts == NULL or self._passes == NULL or self._taken == NULL:
+        self._pred_taken = <uint64_t*>calloc(max(self._num_layers, 1), sizeof(uint64_t))
+        if self._counts == NULL or self._passes == NULL or self._taken == NULL or self._pred_taken == NULL:
             raise MemoryError()
         if bool(trace):
             self._trace = self._new_rows()
@@ -94,6 +97,7 @@ cdef class RecorderCore:
         free(self._counts)
         free(self._passes)
         free(self._taken)
+        free(self._pred_taken)
         _free_rows(self._trace, self._num_layers)
         _free_rows(self._pred, self._num_layers)
         _free_tags(self._tags, self._num_layers)
@@ -251,18 +255,19 @@ cdef class RecorderCore:
         # Every object the reads need exists first: the reads and the reset below then
         # run no Python code and allocate nothing the garbage collector tracks, so no
         # other call (a finalizer, a signal handler) can record in between.
-        cdef list parts = [None] * (5 * n)
+        cdef list parts = [None] * (6 * n)
         logits = self._logits_capture()
         width = self._top_k or self._pred_k
         head = _json_document(self, b"", True)
         for layer in range(n):
             passes = <size_t>(self._passes[layer] - self._taken[layer])
-            parts[5 * layer] = self._taken[layer]
+            parts[6 * layer] = self._taken[layer]
+            parts[6 * layer + 5] = self._pred_taken[layer]
             if self._trace != NULL:
-                parts[5 * layer + 1] = PyBytes_FromStringAndSize(<char*>self._trace[layer].data,
+                parts[6 * layer + 1] = PyBytes_FromStringAndSize(<char*>self._trace[layer].data,
                                                                  self._trace[layer].len * sizeof(uint32_t))
             if self._pred != NULL:
-                parts[5 * layer + 2] = PyBytes_FromStringAndSize(<char*>self._pred[layer].data,
+                parts[6 * layer + 2] = PyBytes_FromStringAndSize(<char*>self._pred[layer].data,
                                                                  self._pred[layer].len * sizeof(uint32_t))
             if self._tagged:
                 t = &self._tags[layer]
@@ -277,18 +282,20 @@ cdef class RecorderCore:
                 for i in range(tagged, passes):
                     (<int64_t*>seq)[i] = DEFAULT_SEQ
                     phase[i] = DEFAULT_PHASE
-                parts[5 * layer + 3] = seq_bytes
-                parts[5 * layer + 4] = phase_bytes
+                parts[6 * layer + 3] = seq_bytes
+                parts[6 * layer + 4] = phase_bytes
         for layer in range(n):
             if self._trace != NULL:
                 self._trace[layer].len = 0
             if self._pred != NULL:
+                if width:
+                    self._pred_taken[layer] += self._pred[layer].len // <size_t>width
                 self._pred[layer].len = 0
             if self._tags != NULL:
                 self._tags[layer].len = 0
             self._taken[layer] = self._passes[layer]
         self._unspilled = 0
-        rows = [tuple(parts[5 * layer:5 * layer + 5]) for layer in range(n)]
+        rows = [tuple(parts[6 * layer:6 * layer + 6]) for layer in range(n)]
         return head, width, rows, logits
 
     def _add_counts(self, counts, passes, Py_ssize_t top_k):

@@ -228,14 +228,15 @@ def test_a_failed_write_is_counted_as_lost(tmp_path: Path, cls: Any, small_chunk
     hist.close()
     summary = json.loads(path.read_text())
     assert summary["counts"] == [[3, 3, 4, 4, 2, 2, 0, 0]]
-    assert summary["stream"]["passes"] == [5] and summary["stream"]["lost_passes"] == [4]
+    assert summary["stream"]["passes"] == [9] and summary["stream"]["lost_passes"] == [4]
     err = capfd.readouterr().err
     assert err.count("FAILED streaming the trace to") == 1
     # Rows after the gap cannot keep their pass index: the layer stops at the gap, so the 4 lost
     # passes and the 2 after them are not in the loaded trace.
-    with pytest.warns(RuntimeWarning, match=r"48 bytes from byte 112 on were not read .*; 6 passes the capture "
-                      r"counts are not on disk \(per layer \[6\]\)"):
+    with pytest.warns(RuntimeWarning, match=r"1 whole frames follow a gap in their layer's rows and were not used; "
+                      r"6 passes the capture counts are not on disk \(per layer \[6\]\)"):
         capture = turbospark.load(path)
+    assert capture.stream.stranded_frames == 1 and capture.stream.dropped_bytes == 0
     assert capture.trace[0].tolist() == [[0, 1]] * 3
     assert capture.counts.tolist() == [[3, 3, 0, 0, 0, 0, 0, 0]]
 
@@ -334,3 +335,57 @@ def test_a_sigkilled_streamed_recorder_leaves_a_loadable_capture(tmp_path: Path)
     for layer in range(4):
         blocks = capture.trace[layer].shape[0] // 64
         assert capture.seq[layer].tolist() == np.repeat(np.arange(blocks), 64).tolist()
+
+
+def test_frames_in_either_order_give_the_same_rows(tmp_path: Path, cls: Any, small_chunks: None) -> None:
+    path = tmp_path / "c.json"
+    _record(cls, path, _mixed(5), "stream")
+    sidecar = tmp_path / "c.json.trace"
+    data = sidecar.read_bytes()
+    reference = turbospark.load(path)
+    expected = [reference.trace[layer].tolist() for layer in range(3)]
+    exported = _exported(reference)
+    del reference  # it maps the file rewritten below
+    starts = [64] + _frame_ends(data)[:-1]
+    frames = [data[start:end] for start, end in zip(starts, _frame_ends(data))]
+    frames[2], frames[7] = frames[7], frames[2]
+    frames[3], frames[4] = frames[4], frames[3]
+    sidecar.write_bytes(data[:64] + b"".join(frames))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        capture = turbospark.load(path, verify=True)
+    assert [capture.trace[layer].tolist() for layer in range(3)] == expected
+    assert _exported(capture) == exported
+
+
+def test_checkpoints_racing_the_recording_thread_lose_and_misplace_nothing(
+        tmp_path: Path, cls: Any, small_chunks: None, interleave: None) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "m").mkdir()
+    streamed = cls(str(tmp_path / "s" / "c.json"), 3, 16, 2, trace="stream", pilot="next", checkpoint=0.001)
+    in_memory = cls(str(tmp_path / "m" / "c.json"), 3, 16, 2, trace=True, pilot="next")
+    rng = np.random.default_rng(9)
+    for step in range(3000):
+        ids = rng.integers(0, 16, (2, 2))
+        for hist in (streamed, in_memory):
+            hist.record_batch(step % 3, ids, seq=[step, step + 1], phase="decode")
+            hist.record_prediction_many((step + 1) % 3, ids)
+    streamed.close()
+    in_memory.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        capture = turbospark.load(tmp_path / "s" / "c.json", verify=True)
+    assert _exported(capture) == (tmp_path / "m" / "c.json").read_bytes()
+
+
+def test_a_new_recording_leaves_a_loaded_capture_reading_the_old_file(tmp_path: Path, cls: Any) -> None:
+    path = tmp_path / "c.json"
+    hist = cls(str(path), 1, 8, 1, trace="stream")
+    hist.record_many(0, [[1], [2], [3]])
+    hist.close()
+    old = turbospark.load(path)
+    again = cls(str(path), 1, 8, 1, trace="stream")  # replaces the sidecar
+    again.record(0, [7])
+    again.close()
+    assert old.trace[0].tolist() == [[1], [2], [3]]
+    assert turbospark.load(path).trace[0].tolist() == [[7]]

@@ -7,8 +7,10 @@ array of the file's id width (uint8 for up to 256 experts), a zero-copy view
 of the map when the layer sits in one frame. So loading costs the headers,
 and memory grows with what the caller touches.
 
-Recovery: frames are read up to the first one that is cut short, fails its
-checksum or breaks its layer's row order; nothing after it is read. Frames
+Recovery: frames are read up to the first one that is cut short or fails its
+checksum; nothing after it is read. Each layer's rows are then its frames
+sorted by their first row (chunks two threads took close together may sit in
+either order), up to the first gap (a failed write). Frames
 the summary covers were made durable before the summary was written, so
 their checksums are verified only with ``verify=True``; every frame beyond
 (written after the last checkpoint, before a crash) is verified. When the
@@ -41,9 +43,10 @@ class StreamInfo:
     ``path``: the sidecar; ``id_dtype``: its id width; ``frames``: whole
     frames read; ``read_bytes``: where the last of them ends;
     ``dropped_bytes``: bytes after it that were not read (a cut or torn
-    tail, or frames after a gap); ``recovered_passes`` / ``missing_passes``:
-    per layer, passes on disk beyond what the summary counts, and passes the
-    summary counts that are not on disk (both (num_layers,) int64).
+    tail); ``recovered_passes`` / ``missing_passes``: per layer, passes on
+    disk beyond what the summary counts, and passes the summary counts that
+    are not on disk (both (num_layers,) int64); ``stranded_frames``: whole
+    frames not used because rows before them are missing (a failed write).
     """
 
     path: str
@@ -53,6 +56,7 @@ class StreamInfo:
     dropped_bytes: int
     recovered_passes: np.ndarray
     missing_passes: np.ndarray
+    stranded_frames: int = 0
 
 
 class LayerRows(Sequence):  # type: ignore[type-arg]
@@ -151,11 +155,9 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
         raise ValueError(f"{sidecar}: its header says {header.num_layers} layers x {header.num_experts} experts, "
                          f"the capture {num_layers} x {num_experts}")
     dtype = fmt.id_dtype(header.id_bytes)
-    passes: list[list[_Segment]] = [[] for _ in range(num_layers)]
-    preds: list[list[_Segment]] = [[] for _ in range(num_layers)]
+    found: list[list[list[tuple[int, _Segment]]]] = [[[] for _ in range(num_layers)] for _ in range(2)]
     width = top_k
     offset, frames, trusted = fmt.HEADER_SIZE, 0, stream["bytes"]
-    counted = [[0] * num_layers, [0] * num_layers]
     while offset + fmt.FRAME_HEADER_SIZE <= file_size:
         try:
             frame = fmt.unpack_frame(data, offset)
@@ -166,21 +168,21 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
         expected = fmt.padded(frame.rows * frame.width * header.id_bytes + (9 * frame.rows if tagged else 0))
         if (end > file_size or frame.kind not in (fmt.PASSES, fmt.PREDICTIONS) or frame.layer >= num_layers
                 or frame.payload_size != expected or frame.width == 0 or (width and frame.width != width)
-                or (tagged and frame.kind != fmt.PASSES) or frame.first != counted[frame.kind][frame.layer]):
+                or (tagged and frame.kind != fmt.PASSES)):
             break
         if (verify or end > trusted) and fmt.frame_crc(data, offset, frame.payload_size) != frame.crc:
             break
         width = frame.width
-        (passes if frame.kind == fmt.PASSES else preds)[frame.layer].append(
-            _Segment(offset + fmt.FRAME_HEADER_SIZE, frame.rows, tagged))
-        counted[frame.kind][frame.layer] += frame.rows
+        found[frame.kind][frame.layer].append((frame.first, _Segment(offset + fmt.FRAME_HEADER_SIZE, frame.rows,
+                                                                     tagged)))
         frames += 1
         offset = end
-    on_disk = np.array(counted[0], dtype=np.int64)
+    (passes, on_disk, stranded), (preds, _, stranded_preds) = (_ordered(found[0]), _ordered(found[1]))
     stated = np.array(stream["passes"], dtype=np.int64)
     recovered = np.maximum(on_disk - stated, 0)
-    missing = np.maximum(stated - on_disk, 0) + np.array(stream.get("lost_passes") or [0] * num_layers, np.int64)
-    info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing)
+    missing = np.maximum(stated - on_disk, 0)
+    info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing,
+                      stranded + stranded_preds)
 
     trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width))
     pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width))
@@ -195,10 +197,29 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
         counts = counts.copy()
         for layer in stale:
             counts[layer] = np.bincount(trace[layer].ravel(), minlength=num_experts)[:num_experts]
-    if stale or info.dropped_bytes:
+    if stale or info.dropped_bytes or info.stranded_frames:
         _warn(sidecar, info, recomputed=bool(stale))
     return dataclasses.replace(base, top_k=top_k or (width if frames else 0), counts=counts, trace=trace, pred=pred,
                                seq=seq, phase=phase, stream=info)
+
+
+def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segment]], np.ndarray, int]:
+    """Per layer, its frames in row order up to the first gap (two threads' chunks may land in either
+    order); with the rows they hold per layer, and how many frames were left out after a gap."""
+    layers, rows, stranded = [], [], 0
+    for frames in found:
+        frames.sort(key=lambda item: item[0])
+        kept: list[_Segment] = []
+        next_row = 0
+        for first, segment in frames:
+            if first != next_row:
+                break
+            kept.append(segment)
+            next_row += segment.rows
+        stranded += len(frames) - len(kept)
+        layers.append(kept)
+        rows.append(next_row)
+    return layers, np.array(rows, dtype=np.int64), stranded
 
 
 def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int) -> np.ndarray:
@@ -230,10 +251,12 @@ def _warn(sidecar: str, info: StreamInfo, *, recomputed: bool) -> None:
     said = []
     if info.dropped_bytes:
         said.append(f"{info.dropped_bytes} bytes from byte {info.read_bytes} on were not read (a frame there is cut "
-                    "short, damaged, or follows a gap in its layer's rows)")
+                    "short or damaged)")
     if info.recovered_passes.any():
         said.append(f"{int(info.recovered_passes.sum())} passes beyond the last checkpoint were recovered "
                     f"(per layer {info.recovered_passes.tolist()})")
+    if info.stranded_frames:
+        said.append(f"{info.stranded_frames} whole frames follow a gap in their layer's rows and were not used")
     if info.missing_passes.any():
         said.append(f"{int(info.missing_passes.sum())} passes the capture counts are not on disk "
                     f"(per layer {info.missing_passes.tolist()})")

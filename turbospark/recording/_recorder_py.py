@@ -53,8 +53,9 @@ class _Layer(NamedTuple):
     passes: int
     # Passes with a committed tag (record_batch), counted from ``taken``; later ones read as the defaults.
     tag_len: int = 0
-    # trace="stream": passes already taken out by _take_chunk; the buffers hold only the later ones.
+    # trace="stream": passes (and predictions) already taken out by _take_chunk; the buffers hold only the later ones.
     taken: int = 0
+    pred_taken: int = 0
 
 
 class _State(NamedTuple):
@@ -416,8 +417,10 @@ class RecorderCore:
         ``(passes taken before, trace ids, predictions, seq, phase)`` as raw
         native-order bytes (uint32 ids, int64 sequence ids, uint8 phases; the
         tags padded with the defaults for untagged passes, None before any
-        tagged pass), and the router-logit capture, all of one instant. The
-        buffers are emptied; counts, passes and the learned sizes stay.
+        tagged pass), predictions taken before), and the router-logit capture,
+        all of one instant. The buffers are emptied; counts, passes and the
+        learned sizes stay. The indices say where each layer's rows go, so
+        chunks may reach the file in any order.
         """
         with self._lock:
             state = self._state
@@ -439,8 +442,10 @@ class RecorderCore:
                     phase = bytes(_padded(self._phase[index], layer.tag_len, passes, _sequences.DEFAULT_PHASE))
                 del self._seq[index][:]
                 del self._phase[index][:]
-                rows.append((layer.taken, trace, pred, seq, phase))
-                layers.append(layer._replace(trace_len=0, pred_len=0, tag_len=0, taken=layer.passes))
+                rows.append((layer.taken, trace, pred, seq, phase, layer.pred_taken))
+                more = layer.pred_len // width if width else 0
+                layers.append(layer._replace(trace_len=0, pred_len=0, tag_len=0, taken=layer.passes,
+                                             pred_taken=layer.pred_taken + more))
             self._state = state._replace(layers=tuple(layers))
             self._unspilled = 0
             return head, width, rows, self._logits_capture()

@@ -11,7 +11,9 @@ checksums and the system calls run on the writer thread (numpy's cast,
 A chunk is written with one ``pwrite`` at the end of the last whole chunk. A
 failed write (disk full) is cut back off the file, reported once per message
 on stderr, and its rows are counted as lost per layer: the summary says how
-many (``"lost"``), and the frames' ``first`` indices show the gap.
+many (``"lost_passes"``), and the frames' ``first`` indices show the gap.
+Each frame says where its rows go (``first``), so chunks that two threads
+take close together may reach the file in either order.
 """
 
 from __future__ import annotations
@@ -50,15 +52,19 @@ class StreamWriter:
         self.path = path
         self._num_layers = num_layers
         self._dtype = fmt.id_dtype(fmt.id_bytes(num_experts))
-        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
+        # A new file, never the old one truncated: a capture loaded from the old sidecar maps it,
+        # and truncating a mapped file under a reader makes its next access a SIGBUS.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                                           0o666)
         header = fmt.pack_header(num_layers, num_experts)
         self._size = 0
         self._append(header)
         self._passes = [0] * num_layers
         self._predictions = [0] * num_layers
-        # Predictions taken so far per layer, written or not: the next frame's ``first``.
-        self._predictions_taken = [0] * num_layers
         self._lost_passes = [0] * num_layers
         self._lost_predictions = [0] * num_layers
         self._queue: collections.deque[tuple[int, list[TakenRows]]] = collections.deque()
@@ -124,7 +130,7 @@ class StreamWriter:
         frames = []
         passes = [0] * self._num_layers
         predictions = [0] * self._num_layers
-        for layer, (first, trace, pred, seq, phase) in enumerate(rows):
+        for layer, (first, trace, pred, seq, phase, pred_first) in enumerate(rows):
             if trace:
                 ids = np.frombuffer(trace, dtype=np.uint32)
                 n = ids.shape[0] // width
@@ -137,9 +143,8 @@ class StreamWriter:
             if pred:
                 ids = np.frombuffer(pred, dtype=np.uint32)
                 n = ids.shape[0] // width
-                frames.append(fmt.pack_frame(fmt.PREDICTIONS, 0, layer, n, width, self._predictions_taken[layer],
+                frames.append(fmt.pack_frame(fmt.PREDICTIONS, 0, layer, n, width, pred_first,
                                              ids.astype(self._dtype).tobytes()))
-                self._predictions_taken[layer] += n
                 predictions[layer] = n
         try:
             self._append(b"".join(frames))

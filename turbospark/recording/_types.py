@@ -30,8 +30,9 @@ RowMask = Union[Sequence[bool], npt.NDArray[np.bool_], TensorLike]
 #: One router-logit row of num_experts numbers.
 LogitRow = Union[Sequence[float], npt.NDArray[np.number[Any]], TensorLike]
 #: One layer's rows taken by ``_take_chunk``: (passes taken before, trace ids, predictions (uint32,
-#: native order; None when off), sequence ids (int64), phases (uint8); tags None while untagged).
-TakenRows = tuple[int, Optional[bytes], Optional[bytes], Optional[bytes], Optional[bytes]]
+#: native order; None when off), sequence ids (int64), phases (uint8); tags None while untagged;
+#: predictions taken before).
+TakenRows = tuple[int, Optional[bytes], Optional[bytes], Optional[bytes], Optional[bytes], int]
 
 
 class RecorderCoreAPI(Protocol):

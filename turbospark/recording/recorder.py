@@ -369,10 +369,16 @@ class _Facade(_CoreBase):
         head, width, rows, logits = self._take_chunk()
         self._stream.put(width, rows)
         written = self._stream.flush()
+        # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
+        # taken after this one may already be on disk too; the reader recovers it.
+        passes = [first + len(trace or b"") // (4 * width) if width else first
+                  for first, trace, _, _, _, _ in rows]
         stream = (f',"stream":{{"format":{_stream_format.VERSION},"file":"{_json_name(self._stream.path)}",'
-                  f'"bytes":{written.size},"passes":{_ints(written.passes)}')
+                  f'"bytes":{written.size},"passes":{_ints(passes)}')
         if self.pilot_enabled():
-            stream += f',"predictions":{_ints(written.predictions)}'
+            predictions = [first + len(pred or b"") // (4 * width) if width else first
+                           for _, _, pred, _, _, first in rows]
+            stream += f',"predictions":{_ints(predictions)}'
         if any(written.lost_passes) or any(written.lost_predictions):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
         return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}"
