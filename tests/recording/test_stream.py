@@ -389,3 +389,23 @@ def test_a_new_recording_leaves_a_loaded_capture_reading_the_old_file(tmp_path: 
     again.close()
     assert old.trace[0].tolist() == [[1], [2], [3]]
     assert turbospark.load(path).trace[0].tolist() == [[7]]
+
+
+def test_a_writer_that_fails_otherwise_counts_the_rows_and_goes_on(tmp_path: Path, cls: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    from turbospark.recording import _stream_format
+
+    path = tmp_path / "c.json"
+    hist = cls(str(path), 1, 8, 1, trace="stream")
+    real = _stream_format.pack_frame
+    monkeypatch.setattr(_stream_format, "pack_frame", lambda *a: (_ for _ in ()).throw(MemoryError("no room")))
+    hist.record_many(0, [[1], [2]])
+    hist.write()
+    monkeypatch.setattr(_stream_format, "pack_frame", real)
+    hist.record(0, [3])
+    hist.close()
+    assert json.loads(path.read_text())["stream"]["lost_passes"] == [2]
+    assert "FAILED streaming the trace to " in capfd.readouterr().err
+    with pytest.warns(RuntimeWarning, match="1 whole frames follow a gap"):
+        assert turbospark.load(path).trace[0].tolist() == []

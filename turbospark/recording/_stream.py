@@ -82,6 +82,10 @@ class StreamWriter:
         with self._cond:
             while len(self._queue) >= PENDING and self._thread.is_alive():
                 self._cond.wait()
+            if not self._thread.is_alive():
+                # Closed (or, against every expectation, dead): the rows can only be counted.
+                self._lose(width, rows, "the trace's writer has stopped")
+                return
             self._queue.append((width, rows))
             self._cond.notify_all()
 
@@ -126,7 +130,25 @@ class StreamWriter:
                     self._busy = False
                     self._cond.notify_all()
 
+    def _lose(self, width: int, rows: Sequence[TakenRows], why: str) -> None:
+        """Count a chunk that cannot be written as lost, and say why once per message."""
+        for layer, (_, trace, pred, _, _, _) in enumerate(rows):
+            self._lost_passes[layer] += len(trace or b"") // (4 * width) if width else 0
+            self._lost_predictions[layer] += len(pred or b"") // (4 * width) if width else 0
+        message = f"[router-hist] FAILED streaming the trace to {self.path}: {why}"
+        if message not in self._failures:
+            self._failures.add(message)
+            _lifecycle.report(message + "; those passes are counted and said lost in the capture")
+
     def _write_chunk(self, width: int, rows: Sequence[TakenRows]) -> None:
+        try:
+            self._append_chunk(width, rows)
+        except OSError as exc:
+            self._lose(width, rows, describe_os_error(exc))
+        except Exception as exc:  # noqa: BLE001 -- the thread must go on; the rows are counted
+            self._lose(width, rows, f"{type(exc).__name__}: {exc}")
+
+    def _append_chunk(self, width: int, rows: Sequence[TakenRows]) -> None:
         frames = []
         passes = [0] * self._num_layers
         predictions = [0] * self._num_layers
@@ -146,17 +168,7 @@ class StreamWriter:
                 frames.append(fmt.pack_frame(fmt.PREDICTIONS, 0, layer, n, width, pred_first,
                                              ids.astype(self._dtype).tobytes()))
                 predictions[layer] = n
-        try:
-            self._append(b"".join(frames))
-        except OSError as exc:
-            for layer in range(self._num_layers):
-                self._lost_passes[layer] += passes[layer]
-                self._lost_predictions[layer] += predictions[layer]
-            message = f"[router-hist] FAILED streaming the trace to {self.path}: {describe_os_error(exc)}"
-            if message not in self._failures:
-                self._failures.add(message)
-                _lifecycle.report(message + "; those passes are counted and said lost in the capture")
-            return
+        self._append(b"".join(frames))
         for layer in range(self._num_layers):
             self._passes[layer] += passes[layer]
             self._predictions[layer] += predictions[layer]
