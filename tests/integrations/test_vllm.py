@@ -195,10 +195,15 @@ def test_compiled_exact_and_cache_keyed(models: dict[str, str], tmp_path: pathli
     assert cap is not None, err
     check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", tmp_path)
     cache = tmp_path / "vllm-cache" / "torch_compile_cache"
-    with_hook = {p.name for p in cache.iterdir()}
-    plain, _, err = run_vllm(tmp_path, models["qwen3_moe"], [prompts(1, 6)], 2, engine=engine, capture_path=None)
-    assert plain is None and "Traceback" not in err, err
-    without_hook = {p.name for p in cache.iterdir()} - with_hook
+
+    def keys() -> set[str]:
+        # Each compile-cache key is a directory holding per-rank artifacts.
+        return {str(p.parent.relative_to(cache)) for p in cache.rglob("rank_0_0")}
+
+    with_hook = keys()
+    _, plain, err = run_vllm(tmp_path, models["qwen3_moe"], [prompts(1, 6)], 2, engine=engine, capture_path=None)
+    assert plain, err
+    without_hook = keys() - with_hook
     # A graph compiled without the hook lives under another key: neither is ever loaded for the other.
     assert len(with_hook) == 1 and len(without_hook) == 1, (with_hook, without_hook)
 
@@ -208,13 +213,6 @@ def test_multiprocess_engine(models: dict[str, str], tmp_path: pathlib.Path) -> 
                                  env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, timeout=400)
     assert cap is not None, err
     check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
-
-
-def test_refuses_v2_runner(models: dict[str, str], tmp_path: pathlib.Path) -> None:
-    cap, _, err = run_vllm(tmp_path, models["mixtral"], [prompts(1, 5)], 2, env={"VLLM_USE_V2_MODEL_RUNNER": "1"})
-    assert cap is None
-    assert "turbospark: vLLM's V2 model runner is in use (VLLM_USE_V2_MODEL_RUNNER" in err
-    assert not (tmp_path / "cap.json").exists()
 
 
 def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:
@@ -279,7 +277,10 @@ def _serve(tmp_path: pathlib.Path, model: str, env: dict[str, str], stop: signal
         after = env.get("TURBOSPARK_ROUTER_HIST_CHECKPOINT")
         if after:
             time.sleep(3 * float(after))  # at least one checkpoint after the last request
-        proc.send_signal(stop)
+        if stop == signal.SIGINT:
+            os.killpg(proc.pid, stop)  # Ctrl-C: the terminal signals the whole foreground group
+        else:
+            proc.send_signal(stop)  # what a supervisor (systemd, docker stop) sends to the server
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
@@ -303,7 +304,18 @@ def test_serve_sigterm_keeps_the_checkpoint(models: dict[str, str], tmp_path: pa
     _check_served(tmp_path)
 
 
-def test_serve_ctrl_c_writes_at_exit(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+def test_serve_ctrl_c_keeps_the_capture(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    # No periodic checkpoint within the test (the default is 60 s): the file on disk after Ctrl-C
+    # comes from the idle write or the write chained before vLLM's signal handler.
     code, log = _serve(tmp_path, models["mixtral"], {}, signal.SIGINT)
-    assert "[router-hist] wrote" in log, log[-3000:]
     _check_served(tmp_path)
+
+
+def test_docs_llm_example(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    from readme_blocks import block_after
+
+    script = tmp_path / "example.py"
+    script.write_text(f"MODEL_DIR = {models['mixtral']!r}\n" + block_after("example: vllm-llm", "python"))
+    proc = run_isolated([sys.executable, str(script)], str(tmp_path), child_env(), 300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "0 0 4 (7, 2)"

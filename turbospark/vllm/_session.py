@@ -11,14 +11,17 @@ runner's request order, and records them with ``record_batch``.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 import warnings
+import weakref
 from typing import Any, Optional
 
 import torch
 
 from turbospark.recording import _env
 
-from . import _checks
+from . import _checks, _signals
 from ._buffer import NOT_CALLED, StaticBuffer
 from ._recorder import VllmRecorder
 from ._requests import RequestTable
@@ -33,6 +36,10 @@ DEFAULT_CHECKPOINT = 60.0
 # its compile-cache directory: a graph compiled without the hook (which never
 # writes the buffer) is never loaded with it, nor the reverse.
 COMPILE_FACTOR = "turbospark_router_capture"
+# Seconds without a step after which a capture holding new rows is written:
+# an engine gone idle has a complete capture on disk, whatever kills it next
+# (vLLM's Ctrl-C force-kills its workers moments after signalling them).
+IDLE_WRITE = 0.5
 _CAPTURE_VERSION = 1
 
 _pilot_warned = False
@@ -113,6 +120,7 @@ def attach(worker: Any) -> Optional["Session"]:
     buffer = StaticBuffer(num_layers, capacity, top_k, device)
     for index, module in layers:
         module.router.set_capture_fn(buffer.capture_fn(index))
+    _signals.write_before_exit(recorder)
     return Session(recorder, buffer, [index for index, _ in layers], worker, dp)
 
 
@@ -136,6 +144,10 @@ class Session:
             )
         self._ids = buffer.ids.numpy()
         self._rows = buffer.rows.numpy()
+        self._last_step = 0.0
+        self._dirty = False
+        threading.Thread(target=_idle_writer, args=(weakref.ref(self),), name="turbospark-vllm-idle",
+                         daemon=True).start()
 
     def after_step(self, scheduler_output: Any) -> None:
         """Record the rows of the step that just ran; raises RuntimeError when a routed layer wrote none."""
@@ -165,3 +177,26 @@ class Session:
             block = ids[layer]
             for start, stop, phase in tags.runs:
                 record(layer, block[start:stop], seq=seq[start:stop], phase=phase)
+        self._last_step = time.monotonic()
+        self._dirty = True
+
+    def _write_if_idle(self) -> bool:
+        """Write the capture when rows arrived and no step ran for IDLE_WRITE seconds; False once closed."""
+        if self.recorder.closed:
+            return False
+        if self._dirty and time.monotonic() - self._last_step >= IDLE_WRITE:
+            self._dirty = False
+            try:
+                self.recorder._write_checkpoint()
+            except Exception:  # noqa: BLE001 -- reported by the next checkpoint or the final write
+                self._dirty = True
+        return True
+
+
+def _idle_writer(session: "weakref.ref[Session]") -> None:
+    while True:
+        time.sleep(IDLE_WRITE / 2)
+        alive = session()
+        if alive is None or not alive._write_if_idle():
+            return
+        del alive
