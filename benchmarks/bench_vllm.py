@@ -74,6 +74,7 @@ def run_mode(model: str, eager: bool, rounds: int, out: str) -> None:
           f"({len(steps)} steps)")
     print(f"  tokens/s: off {tokens / off:,.0f}, on {tokens / on:,.0f}; on/off time {on / off:.3f}x")
     print(f"  noise: off rounds span {max(walls[False]) / off:.3f}x, on rounds {max(walls[True]) / on:.3f}x")
+    session.recorder.close()  # while its temporary directory still exists
     del llm
 
 
