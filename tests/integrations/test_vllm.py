@@ -318,4 +318,8 @@ def test_docs_llm_example(models: dict[str, str], tmp_path: pathlib.Path) -> Non
     script.write_text(f"MODEL_DIR = {models['mixtral']!r}\n" + block_after("example: vllm-llm", "python"))
     proc = run_isolated([sys.executable, str(script)], str(tmp_path), child_env(), 300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines()[-1] == "0 0 4 (7, 2)"
+    load = block_after("example: vllm-load", "python")
+    code, expected = load.rsplit("# ", 1)
+    printed = run_isolated([sys.executable, "-c", code], str(tmp_path), child_env(), 60)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == expected
