@@ -4,7 +4,8 @@ The file is ``{"num_layers":L,"num_experts":E,"top_k":K,"counts":[[E ints] x L]`
 then optionally ``"trace"`` and ``"pred"`` (L rows of flat ids, K per pass),
 ``"trace_cap"`` and ``"trace_dropped"`` (a capped trace: passes kept per layer,
 and per layer the passes beyond it, counted but not traced),
-``"router_logits"``, and ``"seq"`` and ``"phase"`` (L rows, one entry per traced pass). ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
+``"router_logits"``, ``"seq"`` and ``"phase"`` (L rows, one entry per traced pass), and ``"requests"``
+(what each sequence id stands for, from the vLLM plugin). ``load`` returns a ``Capture`` whose ``trace`` and ``pred``
 rows are reshaped to (passes, top_k), or raises ``ValueError`` naming what is
 wrong with the file.
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Capture", "RouterLogits", "load", "loads"]
+__all__ = ["Capture", "Request", "RouterLogits", "load", "loads"]
 
 # Keys whose values are L rows of non-negative integers.
 _ROW_KEYS = ("counts", "trace", "pred", "seq", "phase")
@@ -42,6 +43,27 @@ class RouterLogits:
     layer: int
     pass_index: int
     values: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one sequence id of a capture stands for (the ``"requests"`` key, written by the vLLM plugin).
+
+    ``seq``: the sequence id (the entry's index); ``request``: the engine's
+    request id; ``attempt``: 0 for the request's first run, n for its n-th
+    rerun after a preemption (those passes re-route positions routed
+    before); ``start``: the position of the sequence's first routed token
+    (above 0 on attempt 0 exactly when the prefix cache held the first
+    ``start`` prompt tokens, which were never routed); ``prompt``: the
+    request's prompt length. Pass p of a layer within the sequence is
+    position ``start + p``; positions below ``prompt`` are prompt tokens.
+    """
+
+    seq: int
+    request: str
+    attempt: int
+    start: int
+    prompt: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +93,8 @@ class Capture:
     ``pred``, ``seq`` and ``phase`` are then ``streamed.LayerRows`` sequences
     whose arrays are built on first access, of the sidecar's id width (uint8
     up to 256 experts, uint16 up to 65,536) and phase as uint8.
+    ``requests``: None, or one ``Request`` per sequence id (index = seq id),
+    in a capture written by the vLLM plugin (``turbospark.vllm``).
     """
 
     num_layers: int
@@ -86,6 +110,7 @@ class Capture:
     trace_cap: int | None = None
     trace_dropped: np.ndarray | None = None
     stream: Any = None
+    requests: tuple[Request, ...] | None = None
 
     @property
     def header(self) -> dict[str, int]:
@@ -303,7 +328,38 @@ def _build(fields: dict[str, Any]) -> Capture:
     seq, phase = _sequence_rows(fields, counts, trace, top_k)
     distance = _pilot_distance(fields.get("pilot_distance"), num_layers)
     cap, dropped = _trace_cap(fields, trace, pred, num_layers)
-    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance, cap, dropped)
+    requests = _requests(fields.get("requests"), seq)
+    return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance, cap, dropped,
+                   requests)
+
+
+_REQUEST_FIELDS = ("seq", "request", "attempt", "start", "prompt")
+
+
+def _requests(value: Any, seq: list[np.ndarray] | None) -> tuple[Request, ...] | None:
+    """The optional ``requests`` list: entry i describes sequence id i; every seq id must have one."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"requests must be a list of objects, got {_shown(value)}")
+    entries = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) != set(_REQUEST_FIELDS):
+            raise ValueError(f"requests[{index}] must be an object with keys {', '.join(_REQUEST_FIELDS)}, got {_shown(item)}")
+        if not isinstance(item["request"], str):
+            raise ValueError(f"requests[{index}].request must be a string, got {_shown(item['request'])}")
+        for key in ("seq", "attempt", "start", "prompt"):
+            number = item[key]
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise ValueError(f"requests[{index}].{key} must be a non-negative integer, got {_shown(number)}")
+        if item["seq"] != index:
+            raise ValueError(f"requests[{index}].seq must be {index} (entries are listed by sequence id), got {item['seq']}")
+        entries.append(Request(index, item["request"], item["attempt"], item["start"], item["prompt"]))
+    if seq is not None:
+        top = max((int(row.max()) for row in seq if row.size), default=-1)
+        if top >= len(entries):
+            raise ValueError(f"seq holds sequence id {top}, but requests describes only {len(entries)} sequences")
+    return tuple(entries)
 
 
 def _trace_cap(

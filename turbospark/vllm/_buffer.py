@@ -1,0 +1,45 @@
+"""The static buffer routed ids are written into inside the (possibly compiled) forward.
+
+Under ``torch.compile`` a Python callback runs once, at trace time; only
+tensor writes into preallocated buffers survive in the compiled graph (and
+in a captured CUDA graph). So each router's ``capture_fn`` does exactly two
+tensor writes and nothing else: the step's ids into its layer's rows of
+``ids`` and the number of rows into ``rows``. The rows are read after the
+step, outside the compiled region (``_session``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["StaticBuffer"]
+
+# ``rows`` before a step: a layer still reading this after the step never called capture_fn.
+NOT_CALLED = -1
+
+
+class StaticBuffer:
+    """``ids`` (layers, capacity, top_k) int32 and ``rows`` (layers,) int64 on ``device``."""
+
+    def __init__(self, num_layers: int, capacity: int, top_k: int, device: torch.device) -> None:
+        self.capacity = capacity
+        self.ids = torch.zeros((num_layers, capacity, top_k), dtype=torch.int32, device=device)
+        self.rows = torch.full((num_layers,), NOT_CALLED, dtype=torch.int64, device=device)
+
+    def capture_fn(self, layer: int) -> "LayerCapture":
+        """The ``capture_fn`` of ``layer``'s router."""
+        return LayerCapture(self, layer)
+
+
+class LayerCapture:
+    """One router's ``capture_fn``: ids (n, top_k) into its static rows; graph-safe (tensor writes only)."""
+
+    def __init__(self, buffer: StaticBuffer, layer: int) -> None:
+        self.layer = layer
+        self.ids = buffer.ids[layer]
+        self.rows = buffer.rows[layer : layer + 1]
+
+    def __call__(self, topk_ids: torch.Tensor) -> None:
+        n = topk_ids.shape[0]
+        self.ids[:n].copy_(topk_ids)
+        self.rows.fill_(n)

@@ -1,0 +1,61 @@
+"""What the plugin refuses, and why: each refusal names the setting that causes it and how to change it.
+
+Every refusal happens when the worker loads the model, before the engine
+serves a request: a capture must never be silently empty or partial.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turbospark.recording import _env
+
+__all__ = ["Refused", "check_engine", "check_layer"]
+
+_OFF = f"or unset {_env.HIST} to run without recording"
+
+
+class Refused(RuntimeError):
+    """A vLLM setup the plugin cannot record exactly."""
+
+
+def check_engine(worker: Any) -> None:
+    """Raise ``Refused`` for a runner, decoding mode or parallel layout the plugin cannot record exactly."""
+    config = worker.vllm_config
+    if getattr(worker, "use_v2_model_runner", False):
+        raise Refused(
+            "turbospark: vLLM's V2 model runner is in use (VLLM_USE_V2_MODEL_RUNNER, the default on GPUs with "
+            "Triton): the plugin reads each step's token order from the V1 runner, so it cannot tag the V2 "
+            f"runner's rows; set VLLM_USE_V2_MODEL_RUNNER=0, {_OFF}"
+        )
+    if getattr(config, "speculative_config", None) is not None:
+        raise Refused(
+            "turbospark: speculative decoding is on (speculative_config): the target model routes every draft "
+            "token, accepted or not, so rejected drafts would be recorded as passes; run without "
+            f"--speculative-config, {_OFF}"
+        )
+    pipeline = int(getattr(config.parallel_config, "pipeline_parallel_size", 1))
+    if pipeline > 1:
+        raise Refused(
+            f"turbospark: pipeline_parallel_size={pipeline}: each stage routes only its own layers and the "
+            f"plugin writes whole-model captures; use pipeline_parallel_size=1, {_OFF}"
+        )
+
+
+def check_layer(module: Any, index: int) -> None:
+    """Raise ``Refused`` for an MoE layer whose ids never reach ``BaseRouter.capture_fn``."""
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    if getattr(module, "is_monolithic", False):
+        kernel = type(getattr(module.routed_experts, "quant_method", None)).__name__
+        raise Refused(
+            f"turbospark: MoE layer {index} runs a monolithic kernel ({kernel}: FlashInfer/TRT-LLM MoE on GPUs, "
+            "zentorch or int4 CPU experts) that routes inside the kernel and never calls capture_fn; choose a "
+            f"modular MoE backend (moe_backend / --moe-backend, or an unquantized checkpoint), {_OFF}"
+        )
+    router = getattr(module, "router", None)
+    if not isinstance(router, BaseRouter):
+        raise Refused(
+            f"turbospark: MoE layer {index} routes with {type(router).__name__}, which is not a BaseRouter "
+            f"and offers no capture_fn; {_OFF}"
+        )

@@ -1,0 +1,44 @@
+"""Write the capture when vLLM's own SIGINT/SIGTERM handling begins, before anything can kill the worker.
+
+vLLM's worker and engine-core processes install handlers that raise
+``SystemExit`` on SIGINT and SIGTERM, and the API server force-kills them
+moments later on Ctrl-C: a capture left to ``atexit`` is then often lost.
+So the worker's handlers are wrapped (main thread, at model load, after vLLM
+installed them): the capture is written first, then vLLM's handler runs as
+before. A signal that would not end the process (ignored) is left alone;
+the write is atomic, and the recorder stays open, so a later exit path
+writes again with whatever came after.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+__all__ = ["write_before_exit"]
+
+
+def write_before_exit(recorder: Any) -> None:
+    """Chain a write of ``recorder`` in front of the process's SIGINT and SIGTERM handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+        if previous in (signal.SIG_IGN, None):
+            continue
+        signal.signal(signum, _handler(recorder, signum, previous))
+
+
+def _handler(recorder: Any, signum: int, previous: Any) -> Any:
+    def on_signal(number: int, frame: Any) -> None:
+        if not recorder.closed:
+            recorder._finish(close=False)
+        if callable(previous):
+            previous(number, frame)
+        else:
+            # SIG_DFL: die as the signal would have.
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+    return on_signal
