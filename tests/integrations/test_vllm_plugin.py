@@ -150,3 +150,23 @@ def test_requests_key_refused(value: str, message: str) -> None:
 def test_capture_without_requests_key() -> None:
     assert turbospark.loads(CAPTURE + "}").requests is None
     json.loads(CAPTURE + "}")
+
+
+def test_a_streamed_capture_keeps_the_requests_map_through_export(tmp_path: Any) -> None:
+    import io
+
+    from turbospark.analysis.export_json import write_json
+    from turbospark.analysis.capture import Request
+    from turbospark.vllm._recorder import VllmRecorder
+
+    entries = [Request(0, "a-1234abcd", 0, 0, 1), Request(1, 'b"q-00000000', 1, 3, 4)]
+    for name, trace in (("m.json", True), ("s.json", "stream")):
+        hist = VllmRecorder(str(tmp_path / name), 1, 4, 1, trace=trace)
+        hist.request_entries = list(entries)
+        hist.record_batch(0, [[0], [1]], seq=[0, 1], phase="prompt")
+        hist.close()
+    streamed = turbospark.load(tmp_path / "s.json")
+    assert streamed.requests == tuple(entries)
+    out = io.BytesIO()
+    write_json(streamed, out)
+    assert out.getvalue() == (tmp_path / "m.json").read_bytes()

@@ -330,7 +330,7 @@ def _build(fields: dict[str, Any]) -> Capture:
     cap, dropped = _trace_cap(fields, trace, pred, num_layers)
     requests = _requests(fields.get("requests"), seq)
     return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance, cap, dropped,
-                   requests)
+                   requests=requests)
 
 
 _REQUEST_FIELDS = ("seq", "request", "attempt", "start", "prompt")

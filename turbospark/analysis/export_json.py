@@ -3,7 +3,8 @@
 The bytes are those the in-memory recorder (``trace=True``) writes for the
 same recording: members in the recorder's order (sizes, ``counts``,
 ``trace``, ``trace_cap``/``trace_dropped``, ``pred``, ``router_logits``,
-``seq``/``phase``), then ``pilot_distance`` as a model capture writes it, no
+``seq``/``phase``), then ``pilot_distance`` as a model capture writes it and
+``requests`` as the vLLM plugin writes it, no
 whitespace, no newline. For a streamed capture this is the document the
 recorder would have written had it kept the trace in memory; for a JSON
 capture it gives the file back, byte for byte. The rows are written one
@@ -13,6 +14,7 @@ layer is written.
 
 from __future__ import annotations
 
+import json
 from typing import IO, Any
 
 import numpy as np
@@ -50,6 +52,10 @@ def write_json(capture: Capture, out: IO[bytes]) -> None:
         _rows(out, capture.phase)
     if capture.pilot_distance is not None:
         out.write(f',"pilot_distance":[{",".join(map(str, capture.pilot_distance))}]'.encode("ascii"))
+    if capture.requests is not None:
+        items = ",".join('{"seq":%d,"request":%s,"attempt":%d,"start":%d,"prompt":%d}'
+                         % (r.seq, json.dumps(r.request), r.attempt, r.start, r.prompt) for r in capture.requests)
+        out.write(f',"requests":[{items}]'.encode("ascii"))
     out.write(b"}")
 
 
