@@ -65,10 +65,39 @@ class LayerRows(Sequence):  # type: ignore[type-arg]
 
     KEPT = 4
 
-    def __init__(self, count: int, build: Callable[[int], np.ndarray]) -> None:
+    def __init__(self, count: int, build: Callable[[int], np.ndarray],
+                 piece: Optional[Callable[[int, int, int], np.ndarray]] = None,
+                 lengths: Optional[Sequence[int]] = None, release: Optional[Callable[[], None]] = None) -> None:
         self._build = build
+        self._piece = piece
+        self._lengths = lengths
+        self._release = release
         self._rows: list[Optional[np.ndarray]] = [None] * count
         self._order: list[int] = []
+
+    def row_count(self, layer: int) -> int:
+        """Rows of ``self[layer]``, without building it."""
+        if self._lengths is None:
+            return int(self[layer].shape[0])
+        return int(self._lengths[layer])
+
+    def row_range(self, layer: int, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of ``self[layer]``, read-only, without building (or keeping) the whole layer."""
+        kept = self._rows[layer]
+        if self._piece is None or kept is not None:
+            return self[layer][lo:hi]
+        rows = self._piece(layer, lo, hi)
+        rows.setflags(write=False)
+        return rows
+
+    def release(self) -> None:
+        """Hand the mapped pages read so far back to the kernel (the file's pages stay cached; arrays stay valid).
+
+        Pages a reader touched count in its resident memory until the mapping
+        goes; a pass over a capture larger than memory calls this as it goes.
+        """
+        if self._release is not None:
+            self._release()
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -182,8 +211,13 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     missing = np.maximum(stated - on_disk, 0) + np.array(stream.get("lost_passes") or [0] * num_layers, np.int64)
     info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing)
 
-    trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width))
-    pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width))
+    release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if file_size and hasattr(mmap, "MADV_DONTNEED") else None
+    trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width),
+                      lambda layer, lo, hi: _ids(data, passes[layer], dtype, width, lo, hi),
+                      counted[0], release)
+    pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width),
+                      lambda layer, lo, hi: _ids(data, preds[layer], dtype, width, lo, hi),
+                      counted[1], release)
             if stream.get("predictions") is not None else None)
     seq = phase = None
     if any(segment.tagged for layer in passes for segment in layer):
@@ -201,9 +235,16 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
                                seq=seq, phase=phase, stream=info)
 
 
-def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int) -> np.ndarray:
-    parts = [np.frombuffer(data, dtype=dtype, count=s.rows * width, offset=s.offset + (8 * s.rows if s.tagged else 0))
-             for s in segments]
+def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int, lo: int = 0,
+         hi: Optional[int] = None) -> np.ndarray:
+    """A layer's rows ``lo:hi`` (default: all) from its frames: a view of the map when they sit in one."""
+    parts, start = [], 0
+    for s in segments:
+        first, last = max(lo, start), s.rows + start if hi is None else min(hi, start + s.rows)
+        if first < last:
+            skip = (8 * s.rows if s.tagged else 0) + (first - start) * width * dtype.itemsize
+            parts.append(np.frombuffer(data, dtype=dtype, count=(last - first) * width, offset=s.offset + skip))
+        start += s.rows
     if not parts:
         return np.zeros((0, width), dtype=dtype)
     flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
