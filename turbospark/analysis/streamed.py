@@ -33,6 +33,9 @@ from ..recording import _stream_format as fmt
 
 __all__ = ["LayerRows", "StreamInfo", "load_streamed"]
 
+# How much of the sidecar the header walk reads before handing its pages back.
+_RELEASE_BYTES = 16 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class StreamInfo:
@@ -185,7 +188,14 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     width = top_k
     offset, frames, trusted = fmt.HEADER_SIZE, 0, stream["bytes"]
     counted = [[0] * num_layers, [0] * num_layers]
+    can_release = bool(file_size) and hasattr(mmap, "MADV_DONTNEED")
+    released_at = 0
     while offset + fmt.FRAME_HEADER_SIZE <= file_size:
+        if can_release and offset - released_at >= _RELEASE_BYTES:
+            # Each header read faults in the cached pages around it too (the kernel's fault-around),
+            # so a walk would otherwise leave the whole file resident.
+            data.madvise(mmap.MADV_DONTNEED)
+            released_at = offset
         try:
             frame = fmt.unpack_frame(data, offset)
         except ValueError:
@@ -205,13 +215,15 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
         counted[frame.kind][frame.layer] += frame.rows
         frames += 1
         offset = end
+    if can_release:
+        data.madvise(mmap.MADV_DONTNEED)
     on_disk = np.array(counted[0], dtype=np.int64)
     stated = np.array(stream["passes"], dtype=np.int64)
     recovered = np.maximum(on_disk - stated, 0)
     missing = np.maximum(stated - on_disk, 0) + np.array(stream.get("lost_passes") or [0] * num_layers, np.int64)
     info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing)
 
-    release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if file_size and hasattr(mmap, "MADV_DONTNEED") else None
+    release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if can_release else None
     trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width),
                       lambda layer, lo, hi: _ids(data, passes[layer], dtype, width, lo, hi),
                       counted[0], release)
