@@ -227,18 +227,23 @@ def test_analyze_json_is_the_same_for_a_streamed_capture(tmp_path: Path, tagged:
 
 
 _ANALYZE_RSS = """
-import resource
 from turbospark.analysis import trace_sums
+def peak():
+    # VmHWM, this process image's own peak: ru_maxrss starts from the forking parent's RSS.
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
 trace_sums.CHUNK_PASSES = 1 << 16  # several chunks per layer
 capture = turbospark.load(sys.argv[1])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak()
 turbospark.analyze(capture, caches=[16])
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+print((peak() - before) // 1024)
 """
 
 
 @pytest.mark.both_backends  # the compiled kernel's bound; the numpy twin holds a whole run (by design)
-def test_analyze_of_a_streamed_capture_stays_bounded(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_analyze_of_a_streamed_capture_stays_bounded(tmp_path: Path) -> None:
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads the peak from /proc/self/status (Linux)")
     path = tmp_path / "c.json"
     block = np.random.default_rng(0).integers(0, 128, (25_000, 8))
     with turbospark.RouterHistogram(str(path), 8, 128, 8, trace="stream") as hist:
@@ -248,5 +253,5 @@ def test_analyze_of_a_streamed_capture_stays_bounded(tmp_path: Path, capfd: pyte
     assert result.returncode == 0, result.stderr
     # Its layers are 1.6 MB of uint8 each, read in chunks and handed back to the kernel; the same
     # capture in memory holds 102 MB of int64 ids before analyze starts, and the whole-array
-    # analysis this replaced grew by 423 MiB here.
+    # analysis this replaced grew by ~420 MiB here.
     assert int(result.stdout) < 16, result.stdout
