@@ -5,18 +5,19 @@ Run: ``python benchmarks/bench_scale.py [--passes 100000 400000 2000000] [--dir 
 The shape is issue 18's: 60 layers x 128 experts, top-8, with the trace (no
 probe). Every pass of a layer is recorded by ``record_many`` in blocks of
 1,024 passes drawn from a pool of 16 random blocks per layer (so drawing
-ids costs nothing in the timings). Each case runs in two fresh child
+ids costs nothing in the timings). Each case runs in three fresh child
 processes, so each peak RSS is that phase's alone:
 
 * record + write: ``record`` is the recording calls, ``write`` the close
   (the JSON, or for a stream: the last chunks made durable and the summary);
   ``rss rec`` its peak resident memory;
-* load + analyze: ``load`` is ``turbospark.load`` plus building every
-  layer's trace array (for a stream: the memory map's rows; in memory: the
-  JSON parse), with ``MB/s`` the trace bytes on disk over that time;
-  ``analyze`` is ``turbospark.analyze`` on a fresh load (the whole
-  ``analyze --json`` document), with its rate in ids per second; ``rss an``
-  the peak of that process.
+* load: ``turbospark.load`` plus building every layer's trace array (for a
+  stream: the memory map's rows; in memory: the JSON parse), with ``MB/s``
+  the capture's bytes on disk over that time and ``rss ld`` that process's
+  peak (a streamed capture keeps its last 4 built layers);
+* analyze (a child of its own): ``turbospark.analyze`` on a fresh load (the
+  whole ``analyze --json`` document, default windows), with its rate in ids
+  per second; ``rss an`` the peak of that process, load included.
 
 The comparison is the in-memory capture at the same size, in the same run.
 The 2 M case is streamed only (its in-memory trace would need ~4 GiB to
@@ -69,21 +70,24 @@ def _record(path: str, passes: int, trace: object) -> dict[str, float]:
             "rss": _peak_mib()}
 
 
-def _analyze(path: str) -> dict[str, float]:
+def _load(path: str) -> dict[str, float]:
     import turbospark
 
     started = time.perf_counter()
     capture = turbospark.load(path)
     for layer in range(capture.num_layers):
         capture.trace[layer]
-    loaded = time.perf_counter()
-    del capture
+    return {"load": time.perf_counter() - started, "rss_load": _peak_mib()}
+
+
+def _analyze(path: str) -> dict[str, float]:
+    import turbospark
+
     fresh = turbospark.load(path)
     begun = time.perf_counter()
     turbospark.analyze(fresh)
     analyzed = time.perf_counter()
-    return {"load": loaded - started, "analyze": analyzed - begun,
-            "rss": _peak_mib()}
+    return {"analyze": analyzed - begun, "rss": _peak_mib()}
 
 
 def _child(*args: str) -> dict[str, float]:
@@ -104,12 +108,12 @@ def main() -> None:
             trace = "stream" if args.child[3] == "stream" else True
             print(json.dumps(_record(path, int(args.child[2]), trace)))
         else:
-            print(json.dumps(_analyze(path)))
+            print(json.dumps(_load(path) if what == "load" else _analyze(path)))
         return
     directory = args.dir or tempfile.mkdtemp(prefix="turbospark-scale-")
     print(f"{LAYERS} layers x {EXPERTS} experts, top-{TOP_K}, trace on; one child process per phase")
     print(f"{'passes':>9} {'ids':>6} {'mode':>7} {'record':>7} {'write':>7} {'file':>9} {'rss rec':>8} "
-          f"{'load':>7} {'MB/s':>7} {'analyze':>8} {'M ids/s':>8} {'rss an':>8}")
+          f"{'load':>7} {'MB/s':>7} {'rss ld':>8} {'analyze':>8} {'M ids/s':>8} {'rss an':>8}")
     try:
         for passes in args.passes:
             for mode in ("memory", "stream"):
@@ -117,11 +121,11 @@ def main() -> None:
                     continue
                 path = os.path.join(directory, f"{mode}-{passes}.json")
                 rec = _child("record", path, str(passes), mode)
-                an = _child("analyze", path)
+                an = {**_child("load", path), **_child("analyze", path)}
                 ids = passes * LAYERS * TOP_K
                 print(f"{passes:>9} {ids / 1e6:>5.0f}M {mode:>7} {rec['record']:>6.2f}s {rec['write']:>6.2f}s "
                       f"{rec['bytes'] / 2**20:>6.0f}MiB {rec['rss']:>5.0f}MiB {an['load']:>6.2f}s "
-                      f"{rec['bytes'] / 1e6 / an['load']:>7.0f} {an['analyze']:>7.2f}s "
+                      f"{rec['bytes'] / 1e6 / an['load']:>7.0f} {an['rss_load']:>5.0f}MiB {an['analyze']:>7.2f}s "
                       f"{ids / 1e6 / an['analyze']:>8.0f} {an['rss']:>5.0f}MiB", flush=True)
                 for name in (path, path + ".trace"):
                     if os.path.exists(name):

@@ -33,8 +33,9 @@ from typing import Optional, Union
 import numpy as np
 
 from .capture import Capture
+from .trace_sums import layer_rows
 
-__all__ = ["SPLIT_BY_PASSES", "SPLIT_BY_SEQUENCES", "Sequences", "exact_fraction", "fit_split",
+__all__ = ["SPLIT_BY_PASSES", "SPLIT_BY_SEQUENCES", "Sequences", "exact_fraction", "fit_mask", "fit_split",
            "layer_passes", "sequences", "serving_iterations", "split_unit"]
 
 SPLIT_BY_SEQUENCES = "sequences"
@@ -110,20 +111,25 @@ def fit_split(capture: Capture, fit: Fraction) -> tuple[list[np.ndarray], list[s
     if capture.trace is None:
         raise ValueError("a split needs the capture's trace: counts alone do not say which passes came first")
     masks, kinds = [], []
-    for layer, ids in enumerate(capture.trace):
-        passes = int(ids.shape[0])
-        seq = None if capture.seq is None else capture.seq[layer]
-        if seq is not None:
-            found, first = np.unique(seq, return_index=True)
-            if found.shape[0] != 1:
-                order = found[np.argsort(first, kind="stable")]
-                keep = order[: _floor(fit, order.shape[0])]
-                masks.append(np.isin(seq, keep))
-                kinds.append(SPLIT_BY_SEQUENCES)
-                continue
-        masks.append(np.arange(passes) < _floor(fit, passes))
-        kinds.append(SPLIT_BY_PASSES)
+    for layer in range(len(capture.trace)):
+        mask, kind = fit_mask(capture, layer, fit)
+        masks.append(mask)
+        kinds.append(kind)
     return masks, kinds
+
+
+def fit_mask(capture: Capture, layer: int, fit: Fraction) -> tuple[np.ndarray, str]:
+    """``fit_split`` of one layer (a trace is required): its fit-pass mask and how it was split."""
+    assert capture.trace is not None
+    passes = layer_rows(capture.trace, layer)
+    seq = None if capture.seq is None else capture.seq[layer]
+    if seq is not None:
+        found, first = np.unique(seq, return_index=True)
+        if found.shape[0] != 1:
+            order = found[np.argsort(first, kind="stable")]
+            keep = order[: _floor(fit, order.shape[0])]
+            return np.isin(seq, keep), SPLIT_BY_SEQUENCES
+    return np.arange(passes) < _floor(fit, passes), SPLIT_BY_PASSES
 
 
 def split_unit(kinds: list[str]) -> str:

@@ -70,6 +70,9 @@ def compare(a: Capture, b: Capture) -> dict[str, Any]:
             row["a_on_b_selections"] = int(cb[set_a].sum()) / int(cb.sum())
             if b.trace is not None:
                 row["a_on_b_passes"] = covered(b.trace[layer], set_a)[1]
+                release = getattr(b.trace, "release", None)
+                if release is not None:
+                    release()  # a streamed B: its pages back to the kernel, layer by layer
         layers.append(row)
     summary = {}
     for key in _KEYS:

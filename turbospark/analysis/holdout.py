@@ -25,7 +25,7 @@ import numpy as np
 
 from .metrics import COVERAGE_FRACTIONS, coverage
 from .capture import Capture
-from .capture_sequences import exact_fraction, fit_split, split_unit
+from .capture_sequences import exact_fraction, fit_mask, split_unit
 
 __all__ = ["NO_TRACE", "covered", "holdout", "holdout_lines", "top_set"]
 
@@ -63,8 +63,11 @@ def holdout(capture: Capture, fit: Union[float, Fraction]) -> dict[str, Any]:
     if capture.trace is None:
         return {"fraction": float(fit), "reason": NO_TRACE, "layers": []}
     layers = []
-    masks, kinds = fit_split(capture, exact)
-    for layer, (ids, mask, kind) in enumerate(zip(capture.trace, masks, kinds)):
+    # Layer by layer, one mask at a time, and a streamed capture's pages handed back after each:
+    # memory is one layer's ids and tags, not the capture's.
+    for layer in range(capture.num_layers):
+        ids = capture.trace[layer]
+        mask, kind = fit_mask(capture, layer, exact)
         fit_counts = np.bincount(ids[mask].ravel(), minlength=capture.num_experts)
         sizes = coverage(fit_counts)
         sets = None
@@ -76,6 +79,9 @@ def holdout(capture: Capture, fit: Union[float, Fraction]) -> dict[str, Any]:
         fit_passes = int(mask.sum())
         layers.append({"layer": layer, "fit_passes": fit_passes, "test_passes": int(ids.shape[0]) - fit_passes,
                        "split": kind, "sets": sets})
+        release = getattr(capture.trace, "release", None)
+        if release is not None:
+            release()
     return {"fraction": float(fit), "reason": None, "layers": layers}
 
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from .capture import Capture
+from .trace_sums import layer_rows, run_sums, trace_values
 
 __all__ = [
     "COVERAGE_FRACTIONS",
@@ -72,6 +73,7 @@ def analyze(
     totals = [int(n) for n in capture.totals]
     trace = capture.trace
     layers = []
+    recounts: list[Optional[np.ndarray]] = []  # per layer, the counts recomputed from its trace
     for layer in range(capture.num_layers):
         row = capture.counts[layer]
         entry: dict[str, Any] = {
@@ -84,31 +86,27 @@ def analyze(
             "pilot_recall": None,
             "pilot_exact": None,
         }
-        if trace is not None:
-            ids = trace[layer]
-            bits = pass_bitsets(ids, e)
-            entry["window_distinct"] = {
-                str(m): value for m, value in _window_distinct(bits, window_sizes).items()
-            }
-            entry["reuse"] = _reuse(bits)
-            if layer > 0 and capture.pred is not None:
-                guess = pass_bitsets(capture.pred[layer], e)
-                entry["pilot_recall"], entry["pilot_exact"] = _pilot(guess, bits)
-            if cache_sizes:
-                rates = _lru(ids, e, cache_sizes)
-                entry["lru_hit_rate"] = {str(c): value for c, value in rates.items()}
         if capture.seq is not None:
-            # Batched captures: the trace metrics again, per sequence, pooled and per phase.
-            from .sequences import layer_by_sequence
+            # Batched captures: the trace metrics per sequence, pooled and per phase (these
+            # replace the whole-trace values, so those are not computed).
+            from .sequences import layer_and_counts
 
-            entry.update(layer_by_sequence(capture, layer, window_sizes, cache_sizes))
+            by_sequence, recount = layer_and_counts(capture, layer, window_sizes, cache_sizes)
+            entry.update(by_sequence)
+            recounts.append(recount)
+        elif trace is not None:
+            guesses = capture.pred if layer > 0 else None
+            sums = run_sums(trace, guesses, layer, e, k, window_sizes, cache_sizes)
+            entry.update(trace_values(sums, window_sizes, cache_sizes, guesses is not None))
+            recounts.append(sums["counts"])
         layers.append(entry)
     extra: dict[str, Any] = {}
     if capture.seq is not None:
         from .sequences import sequence_ids
 
         extra["sequences"] = len(sequence_ids(capture))
-    trace_ok = None if trace is None else not trace_mismatches(capture)
+    # From the counts the trace metrics already recomputed: no second pass over the trace.
+    trace_ok = None if trace is None else not _mismatches(capture, recounts)
     return document(capture, not count_sum_failures(capture), trace_ok, layers, extra)
 
 
@@ -189,15 +187,21 @@ def trace_mismatches(capture: Capture) -> list[int]:
     """
     if capture.trace is None:
         return []
+    return _mismatches(capture, [np.bincount(ids.ravel(), minlength=capture.num_experts) for ids in capture.trace])
+
+
+def _mismatches(capture: Capture, recounts: Sequence[Optional[np.ndarray]]) -> list[int]:
+    """``trace_mismatches`` from each layer's counts recomputed from its trace (None: no trace)."""
     dropped = capture.trace_dropped
     bad = []
-    for layer, (ids, row) in enumerate(zip(capture.trace, capture.counts)):
-        kept = np.bincount(ids.ravel(), minlength=capture.num_experts)
+    for layer, (kept, row) in enumerate(zip(recounts, capture.counts)):
+        if kept is None:
+            continue
         if dropped is None or not dropped[layer]:
             if not np.array_equal(kept, row):
                 bad.append(layer)
             continue
-        passes = (ids.shape[0] + int(dropped[layer])) * capture.top_k
+        passes = (layer_rows(capture.trace, layer) + int(dropped[layer])) * capture.top_k
         if passes != int(row.sum()) or kept.shape != row.shape or bool((kept > row).any()):
             bad.append(layer)
     return bad

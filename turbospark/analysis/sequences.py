@@ -19,21 +19,14 @@ gives (``split`` builds such captures).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .metrics import (
-    _pilot_passes,
-    _reuse_ratios,
-    _window_totals,
-    lru_stack_distances,
-    pass_bitsets,
-)
 from .capture import Capture
+from .trace_sums import runs_of, sequence_sums, trace_values
 
-__all__ = ["PHASE_NAMES", "layer_by_sequence", "sequence_ids", "split"]
+__all__ = ["PHASE_NAMES", "layer_and_counts", "layer_by_sequence", "sequence_ids", "split"]
 
 PHASE_NAMES: tuple[str, ...] = ("prompt", "decode")
 
@@ -46,92 +39,54 @@ def sequence_ids(capture: Capture) -> list[int]:
     return np.unique(np.concatenate(rows)).tolist() if rows else []
 
 
-def _runs(seq: np.ndarray, keep: Optional[np.ndarray]) -> list[np.ndarray]:
-    """Pass indices of each sequence (restricted to ``keep``), in pass order, by ascending id."""
-    index = np.arange(seq.shape[0]) if keep is None else np.nonzero(keep)[0]
-    ids = seq[index]
-    order = np.argsort(ids, kind="stable")
-    boundaries = np.nonzero(np.diff(ids[order]))[0] + 1
-    return [index[part] for part in np.split(order, boundaries) if part.size]
-
-
 def layer_by_sequence(
     capture: Capture, layer: int, windows: Sequence[int], caches: Sequence[int]
 ) -> dict[str, Any]:
     """One layer's trace metrics over each sequence's own passes, pooled and per phase.
 
     Takes a capture with sequence information, a layer and the window and
-    cache sizes; returns the keys ``window_distinct``, ``reuse``,
-    ``pilot_recall``, ``pilot_exact`` (and ``lru_hit_rate`` when ``caches``)
-    computed that way (all None without a trace, as ``analyze`` reports them),
-    plus ``phases``: {"prompt": {...}, "decode": {...}} with ``passes`` and the
-    same keys for each phase's passes alone.
+    cache sizes (ascending, distinct); returns the keys ``window_distinct``,
+    ``reuse``, ``pilot_recall``, ``pilot_exact`` (and ``lru_hit_rate`` when
+    ``caches``) computed that way (all None without a trace, as ``analyze``
+    reports them), plus ``phases``: {"prompt": {...}, "decode": {...}} with
+    ``passes`` and the same keys for each phase's passes alone.
     """
+    return layer_and_counts(capture, layer, windows, caches)[0]
+
+
+def layer_and_counts(
+    capture: Capture, layer: int, windows: Sequence[int], caches: Sequence[int]
+) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+    """``layer_by_sequence`` and the layer's counts recomputed from its trace (None without a trace)."""
     assert capture.seq is not None and capture.phase is not None
     seq, phase = capture.seq[layer], capture.phase[layer]
-    pooled = _metrics(capture, layer, _runs(seq, None), windows, caches)
+    pooled, counts = _metrics(capture, layer, runs_of(seq, None), windows, caches)
     del pooled["passes"]
     pooled["phases"] = {
-        name: _metrics(capture, layer, _runs(seq, phase == code), windows, caches)
+        name: _metrics(capture, layer, runs_of(seq, phase == code), windows, caches)[0]
         for code, name in enumerate(PHASE_NAMES)
     }
-    return pooled
+    return pooled, counts
 
 
 def _metrics(
-    capture: Capture, layer: int, runs: list[np.ndarray], windows: Sequence[int], caches: Sequence[int]
-) -> dict[str, Any]:
+    capture: Capture, layer: int, runs: tuple[np.ndarray, np.ndarray], windows: Sequence[int],
+    caches: Sequence[int],
+) -> tuple[dict[str, Any], Optional[np.ndarray]]:
     out: dict[str, Any] = {
-        "passes": int(sum(run.shape[0] for run in runs)),
+        "passes": int(runs[0].shape[0]),
         "window_distinct": None,
         "reuse": None,
         "pilot_recall": None,
         "pilot_exact": None,
     }
     if capture.trace is None:
-        return out
-    ids = capture.trace[layer]
-    bits = pass_bitsets(ids, capture.num_experts)
-    totals = {m: [0, 0] for m in windows}
-    reuse: list[float] = []
-    for run in runs:
-        for m, (total, count) in _window_totals(bits[run], windows).items():
-            totals[m][0] += total
-            totals[m][1] += count
-        reuse += _reuse_ratios(bits[run]).tolist()
-    out["window_distinct"] = {str(m): (t / c if c else None) for m, (t, c) in totals.items()}
-    out["reuse"] = math.fsum(reuse) / len(reuse) if reuse else None
-    if layer > 0 and capture.pred is not None:
-        out["pilot_recall"], out["pilot_exact"] = _pilot(capture, layer, bits, runs)
-    if caches:
-        out["lru_hit_rate"] = {str(c): rate for c, rate in _lru_runs(ids, capture.num_experts, runs, caches).items()}
-    return out
-
-
-def _pilot(
-    capture: Capture, layer: int, bits: np.ndarray, runs: list[np.ndarray]
-) -> tuple[Optional[float], Optional[float]]:
-    assert capture.pred is not None
-    guess = pass_bitsets(capture.pred[layer], capture.num_experts)
+        return out, None
     # Predictions align with passes by index, over their common prefix.
-    aligned = np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
-    aligned = np.sort(aligned[aligned < guess.shape[0]])
-    if aligned.size == 0:
-        return None, None
-    ratios, exact = _pilot_passes(guess[aligned], bits[aligned])
-    return math.fsum(ratios.tolist()) / aligned.size, int(exact.sum()) / aligned.size
-
-
-def _lru_runs(
-    ids: np.ndarray, num_experts: int, runs: list[np.ndarray], caches: Sequence[int]
-) -> dict[int, Optional[float]]:
-    # Each sequence has its own cache, empty at its first pass.
-    distances = [lru_stack_distances(ids[run], num_experts) for run in runs]
-    lookups = sum(d.shape[0] for d in distances)
-    if lookups == 0:
-        return {c: None for c in caches}
-    seen = np.sort(np.concatenate([d[d >= 0] for d in distances]))
-    return {c: int(np.searchsorted(seen, c, side="left")) / lookups for c in caches}
+    pred = capture.pred[layer] if layer > 0 and capture.pred is not None else None
+    sums = sequence_sums(capture.trace[layer], pred, runs, capture.num_experts, capture.top_k, windows, caches)
+    out.update(trace_values(sums, windows, caches, pred is not None))
+    return out, sums["counts"]
 
 
 def split(capture: Capture) -> dict[int, Capture]:

@@ -35,6 +35,9 @@ from ..recording import _stream_format as fmt
 
 __all__ = ["LayerRows", "StreamInfo", "load_streamed"]
 
+# How much of the sidecar the header walk reads before handing its pages back.
+_RELEASE_BYTES = 16 << 20
+
 
 @dataclasses.dataclass(frozen=True)
 class StreamInfo:
@@ -69,10 +72,39 @@ class LayerRows(Sequence):  # type: ignore[type-arg]
 
     KEPT = 4
 
-    def __init__(self, count: int, build: Callable[[int], np.ndarray]) -> None:
+    def __init__(self, count: int, build: Callable[[int], np.ndarray],
+                 piece: Optional[Callable[[int, int, int], np.ndarray]] = None,
+                 lengths: Optional[Sequence[int]] = None, release: Optional[Callable[[], None]] = None) -> None:
         self._build = build
+        self._piece = piece
+        self._lengths = lengths
+        self._release = release
         self._rows: list[Optional[np.ndarray]] = [None] * count
         self._order: list[int] = []
+
+    def row_count(self, layer: int) -> int:
+        """Rows of ``self[layer]``, without building it."""
+        if self._lengths is None:
+            return int(self[layer].shape[0])
+        return int(self._lengths[layer])
+
+    def row_range(self, layer: int, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` of ``self[layer]``, read-only, without building (or keeping) the whole layer."""
+        kept = self._rows[layer]
+        if self._piece is None or kept is not None:
+            return self[layer][lo:hi]
+        rows = self._piece(layer, lo, hi)
+        rows.setflags(write=False)
+        return rows
+
+    def release(self) -> None:
+        """Hand the mapped pages read so far back to the kernel (the file's pages stay cached; arrays stay valid).
+
+        Pages a reader touched count in its resident memory until the mapping
+        goes; a pass over a capture larger than memory calls this as it goes.
+        """
+        if self._release is not None:
+            self._release()
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -158,7 +190,14 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     found: list[list[list[tuple[int, _Segment]]]] = [[[] for _ in range(num_layers)] for _ in range(2)]
     width = top_k
     offset, frames, trusted = fmt.HEADER_SIZE, 0, stream["bytes"]
+    can_release = bool(file_size) and hasattr(mmap, "MADV_DONTNEED")
+    released_at = 0
     while offset + fmt.FRAME_HEADER_SIZE <= file_size:
+        if can_release and offset - released_at >= _RELEASE_BYTES:
+            # Each header read faults in the cached pages around it too (the kernel's fault-around),
+            # so a walk would otherwise leave the whole file resident.
+            data.madvise(mmap.MADV_DONTNEED)
+            released_at = offset
         try:
             frame = fmt.unpack_frame(data, offset)
         except ValueError:
@@ -177,15 +216,22 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
                                                                      tagged)))
         frames += 1
         offset = end
-    (passes, on_disk, stranded), (preds, _, stranded_preds) = (_ordered(found[0]), _ordered(found[1]))
+    if can_release:
+        data.madvise(mmap.MADV_DONTNEED)
+    (passes, on_disk, stranded), (preds, pred_rows, stranded_preds) = (_ordered(found[0]), _ordered(found[1]))
     stated = np.array(stream["passes"], dtype=np.int64)
     recovered = np.maximum(on_disk - stated, 0)
     missing = np.maximum(stated - on_disk, 0)
     info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing,
                       stranded + stranded_preds)
 
-    trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width))
-    pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width))
+    release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if can_release else None
+    trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width),
+                      lambda layer, lo, hi: _ids(data, passes[layer], dtype, width, lo, hi),
+                      on_disk.tolist(), release)
+    pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width),
+                      lambda layer, lo, hi: _ids(data, preds[layer], dtype, width, lo, hi),
+                      pred_rows.tolist(), release)
             if stream.get("predictions") is not None else None)
     seq = phase = None
     if any(segment.tagged for layer in passes for segment in layer):
@@ -222,9 +268,16 @@ def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segmen
     return layers, np.array(rows, dtype=np.int64), stranded
 
 
-def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int) -> np.ndarray:
-    parts = [np.frombuffer(data, dtype=dtype, count=s.rows * width, offset=s.offset + (8 * s.rows if s.tagged else 0))
-             for s in segments]
+def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int, lo: int = 0,
+         hi: Optional[int] = None) -> np.ndarray:
+    """A layer's rows ``lo:hi`` (default: all) from its frames: a view of the map when they sit in one."""
+    parts, start = [], 0
+    for s in segments:
+        first, last = max(lo, start), s.rows + start if hi is None else min(hi, start + s.rows)
+        if first < last:
+            skip = (8 * s.rows if s.tagged else 0) + (first - start) * width * dtype.itemsize
+            parts.append(np.frombuffer(data, dtype=dtype, count=(last - first) * width, offset=s.offset + skip))
+        start += s.rows
     if not parts:
         return np.zeros((0, width), dtype=dtype)
     flat = parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -1,0 +1,151 @@
+"""One layer's trace metrics from exact integer sums, read chunk by chunk: what ``analyze`` reports.
+
+The sums come from ``RunSums``: the compiled ``_metrics_kernels`` (one pass
+at a time, O(E) memory per run, ids read in the trace's own width) or its
+numpy twin ``_metrics_py`` (forced by ``TURBOSPARK_PUREPYTHON``); both give
+the same integers, and the floats are built from them here, once:
+
+* ``window_distinct[M]`` = (sum of the union sizes) / (number of windows);
+* ``reuse``, ``pilot_recall``: the sums hold how many passes had each ratio
+  a / b; the float of the exact sum of those ratios (each rounded as a / b
+  is) is what ``math.fsum`` returns for the per-pass list, so the report is
+  bit for bit what the whole-array code gave;
+* ``lru_hit_rate[C]`` = (lookups hit at a depth below C) / lookups.
+
+An untagged layer is one run, fed in chunks of ``CHUNK_PASSES`` passes (the
+kernel carries the window, reuse and cache state across chunks), so its
+memory is a chunk, whatever the layer's length; a streamed capture's pages
+are handed back to the kernel after each chunk. A layer with sequence tags
+is fed as runs (each sequence's passes in pass order), which takes the
+layer's ids, tags and an int64 pass order in memory.
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["CHUNK_PASSES", "backend", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "trace_values"]
+
+# 256 Ki passes: 2 MiB of a uint8 top-8 trace, 16 MiB as int64; large enough
+# that the per-chunk Python cost vanishes, small enough to bound memory.
+CHUNK_PASSES = 1 << 18
+
+_WIDTHS = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.int64))
+
+
+def backend() -> Any:
+    """The ``RunSums`` class: compiled, or the numpy reference (forced by TURBOSPARK_PUREPYTHON)."""
+    if not os.environ.get("TURBOSPARK_PUREPYTHON"):
+        try:
+            from . import _metrics_kernels
+
+            return _metrics_kernels.RunSums
+        except ImportError:
+            pass  # a build without the kernels: the twin gives the same numbers
+    from . import _metrics_py
+
+    return _metrics_py.RunSums
+
+
+def new_sums(num_experts: int, top_k: int, windows: Sequence[int], caches: Sequence[int]) -> Any:
+    """A fresh accumulator for windows ``windows`` and LRU sizes ``caches`` (either may be empty)."""
+    return backend()(num_experts, top_k, list(windows), max(caches, default=0))
+
+
+def _ready(ids: np.ndarray) -> np.ndarray:
+    """``ids`` as the kernel reads them: one of its four widths, C-contiguous (a copy only when not)."""
+    if ids.dtype not in _WIDTHS or not ids.dtype.isnative:
+        ids = ids.astype(np.int64)
+    return np.ascontiguousarray(ids)
+
+
+def layer_rows(rows: Any, layer: int) -> int:
+    """Rows (passes) of ``rows[layer]`` without building a streamed layer."""
+    count = getattr(rows, "row_count", None)
+    return int(count(layer)) if count is not None else int(rows[layer].shape[0])
+
+
+def _row_range(rows: Any, layer: int, lo: int, hi: int) -> np.ndarray:
+    piece = getattr(rows, "row_range", None)
+    return piece(layer, lo, hi) if piece is not None else rows[layer][lo:hi]
+
+
+def _release(rows: Any) -> None:
+    release = getattr(rows, "release", None)
+    if release is not None:
+        release()
+
+
+def run_sums(
+    trace: Any, pred: Optional[Any], layer: int, num_experts: int, top_k: int,
+    windows: Sequence[int], caches: Sequence[int],
+) -> dict[str, Any]:
+    """The sums of layer ``layer`` of ``trace`` as one run (``pred``: the predictions, or None), chunk by chunk."""
+    sums = new_sums(num_experts, top_k, windows, caches)
+    passes = layer_rows(trace, layer)
+    guessed = layer_rows(pred, layer) if pred is not None else 0
+    for lo in range(0, passes, CHUNK_PASSES):
+        hi = min(passes, lo + CHUNK_PASSES)
+        guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
+        sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
+        _release(trace)
+    sums.end_run()
+    return sums.sums()
+
+
+def runs_of(seq: np.ndarray, keep: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): each sequence's passes (restricted to ``keep``) in pass order, by ascending id."""
+    index = np.arange(seq.shape[0], dtype=np.int64) if keep is None else np.flatnonzero(keep).astype(np.int64)
+    ids = seq[index]
+    order = np.argsort(ids, kind="stable")
+    starts = np.flatnonzero(np.diff(ids[order])) + 1
+    runs = np.concatenate([[0], starts]).astype(np.int64) if index.size else np.zeros(0, dtype=np.int64)
+    return index[order], runs
+
+
+def sequence_sums(
+    ids: np.ndarray, pred: Optional[np.ndarray], runs: tuple[np.ndarray, np.ndarray], num_experts: int,
+    top_k: int, windows: Sequence[int], caches: Sequence[int],
+) -> dict[str, Any]:
+    """The sums of a layer's ``ids`` over ``runs`` (from ``runs_of``), each run its own window and cache."""
+    sums = new_sums(num_experts, top_k, windows, caches)
+    order, starts = runs
+    sums.add_runs(_ready(ids), None if pred is None else _ready(pred), order, starts)
+    return sums.sums()
+
+
+def _mean_ratio(hist: list[int], width: int) -> Optional[float]:
+    """Mean of the per-pass ratios a / b counted in ``hist`` (index a * width + b), as fsum would give it."""
+    passes = sum(hist)
+    if not passes:
+        return None
+    exact = sum(Fraction(index // width / (index % width)) * n for index, n in enumerate(hist) if n)
+    return float(exact) / passes
+
+
+def trace_values(
+    sums: dict[str, Any], windows: Sequence[int], caches: Sequence[int], pilot: bool
+) -> dict[str, Any]:
+    """The report's trace keys from ``sums``: window_distinct, reuse, pilot_recall, pilot_exact
+    (None unless ``pilot``), and lru_hit_rate when ``caches``."""
+    width = int(round(len(sums["reuse"]) ** 0.5))
+    out: dict[str, Any] = {
+        "window_distinct": {
+            str(m): (total / count if count else None)
+            for m, total, count in zip(sorted(windows), sums["window_total"], sums["window_count"])
+        },
+        "reuse": _mean_ratio(sums["reuse"], width),
+        "pilot_recall": None,
+        "pilot_exact": None,
+    }
+    if pilot and sums["aligned"]:
+        out["pilot_recall"] = _mean_ratio(sums["pilot"], width)
+        out["pilot_exact"] = sums["exact"] / sums["aligned"]
+    if caches:
+        lookups, hits = sums["lookups"], sums["hits"]
+        out["lru_hit_rate"] = {str(c): (sum(hits[:c]) / lookups if lookups else None) for c in sorted(caches)}
+    return out
