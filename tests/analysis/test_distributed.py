@@ -1,25 +1,21 @@
 """``turbospark analyze FILES...`` and ``--dask``: the per-(file, layer) reduction gives the merged
 capture's ``analyze --json`` byte for byte (traces, tags, predictions, differing pass counts,
 counts only, a capped file), in this process and on a 2-worker Dask cluster; files ``merge``
-refuses are refused with its message; the exact mean equals ``math.fsum``."""
+refuses are refused with its message."""
 
 from __future__ import annotations
 
 import glob
 import json
-import math
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from turbospark.cli import main
 from turbospark.analysis import distributed as distributed_module
 from turbospark.analysis.distributed import analyze_files
-from turbospark.analysis.partial import _mean
 
 from conftest import require_module
 from placement_helpers import write_capture
@@ -164,13 +160,6 @@ def test_files_merge_refuses_are_refused_with_its_message(tmp_path: Path, capfd:
     assert words in message
     assert main(["analyze", *paths, "--json"]) == 2
     assert capfd.readouterr() == ("", message)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.one_of(st.floats(min_value=0.0, max_value=1e6), st.sampled_from([0.1, 1 / 3, 2 / 3, 1.0, 1e-17])),
-                min_size=1, max_size=40))
-def test_the_exact_mean_is_fsum_over_the_count(values: list[float]) -> None:
-    assert _mean(Counter(values)) == math.fsum(values) / len(values)
 
 
 # ---------------------------------------------------------------- on Dask

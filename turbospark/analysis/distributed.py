@@ -149,7 +149,7 @@ def analyze_files(paths: Sequence[str], windows: Iterable[int], caches: Iterable
         assert part is not None and summed[index % layers] is not None  # check_mergeable refused other geometries
         summed[index % layers].add(part)
     final = [p for p in summed if p is not None]
-    doc = _document(outlines, final, tagged, cache_sizes)
+    doc = _document(outlines, final, tagged, window_sizes, cache_sizes)
     first = outlines[0].skeleton
     bad_trace = [layer for layer, part in enumerate(final) if part.kept is not None and trace_mismatch(part, first.top_k)]
     dropped = len(outlines) == 1 and first.trace_dropped is not None and bool(first.trace_dropped.any())
@@ -166,13 +166,14 @@ def _local(function: Callable[..., Any], *iterables: Iterable[Any]) -> "list[Any
     return list(map(function, *iterables))
 
 
-def _document(outlines: list[FileOutline], parts: list[LayerPart], tagged: bool,
+def _document(outlines: list[FileOutline], parts: list[LayerPart], tagged: bool, windows: Sequence[int],
               caches: Sequence[int]) -> dict[str, Any]:
     """``metrics.analyze``'s document, key for key, from the summed parts."""
     first = outlines[0].skeleton
     k, e = first.top_k, first.num_experts
     traced, predicted = first.trace is not None, first.pred is not None
-    layers = [layer_entry(part, layer, k, traced=traced, predicted=predicted, tagged=tagged, caches=caches)
+    layers = [layer_entry(part, layer, k, traced=traced, predicted=predicted, tagged=tagged, windows=windows,
+                          caches=caches)
               for layer, part in enumerate(parts)]
     # Merge keeps pilot_distance when all agree, and a cap only when nothing was dropped (then it drops it).
     single = len(outlines) == 1
