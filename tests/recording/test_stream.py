@@ -247,7 +247,7 @@ def test_refusals(tmp_path: Path, cls: Any) -> None:
     with pytest.raises(ValueError, match=r"^trace_cap=5 with trace='stream': a streamed trace keeps every pass"):
         cls(str(tmp_path / "b.json"), 1, 4, 1, trace="stream", trace_cap=5)
     hist = cls(str(tmp_path / "c.json"), 1, 4, 1, trace="stream")
-    assert hist.streamed
+    assert hist.streamed and " trace='stream' " in repr(hist)
     with pytest.raises(ValueError, match=r"^trace\(\): the trace is streamed to '.*c.json.trace'"):
         hist.trace(0)
     with pytest.raises(ValueError, match=r"^a streamed capture is written to its own path"):

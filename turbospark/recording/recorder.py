@@ -558,7 +558,8 @@ class _Facade(_CoreBase):
         pilot = ("self" if self.pilot_offset() == 0 else "next") if self.pilot_enabled() else None
         return (
             f"<RouterHistogram path={self._path!r} layers={self.num_layers} experts={self.num_experts} "
-            f"top_k={self.top_k} trace={self.trace_enabled} pilot={pilot!r} closed={self.closed}>"
+            f"top_k={self.top_k} trace={'stream' if self.streamed else self.trace_enabled!r} pilot={pilot!r} "
+            f"closed={self.closed}>"
         )
 
 
