@@ -409,3 +409,56 @@ def test_a_writer_that_fails_otherwise_counts_the_rows_and_goes_on(tmp_path: Pat
     assert "FAILED streaming the trace to " in capfd.readouterr().err
     with pytest.warns(RuntimeWarning, match="1 whole frames follow a gap"):
         assert turbospark.load(path).trace[0].tolist() == []
+
+
+def _serving(hist: Any) -> None:
+    """Batches of 8 sequences through 4 layers, prompt then decode, with one-layer-ahead predictions."""
+    rng = np.random.default_rng(1)
+    for step in range(120):
+        seqs = np.arange(8) + 8 * (step // 40)
+        for layer in range(4):
+            ids = np.argsort(rng.random((8, 32)), axis=1)[:, :4]
+            hist.record_batch(layer, ids, seq=seqs, phase="prompt" if step % 40 < 3 else "decode")
+            if layer < 3:
+                hist.record_prediction_many(layer + 1, ids)
+
+
+@pytest.mark.parametrize("argv", [
+    ["analyze", "c.json", "--holdout", "0.5", "--json"],
+    ["analyze", "c.json", "--cache", "8", "--json"],
+    ["compare", "c.json", "c.json", "--json"],
+    ["cache", "c.json", "--slots", "8", "16", "--json"],
+    ["place", "c.json", "--gpus", "4", "--fit", "0.5", "-o", "-"],
+    ["place", "c.json", "--gpus", "4", "--batch", "8", "-o", "-"],
+    ["export", "c.json", "--to", "sglang"],
+])
+def test_every_decision_command_reads_a_streamed_capture_as_its_in_memory_twin(
+        tmp_path: Path, small_chunks: None, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+        argv: list[str]) -> None:
+    outputs = []
+    for side, trace in (("s", "stream"), ("m", True)):
+        (tmp_path / side).mkdir()
+        hist = turbospark.RouterHistogram(str(tmp_path / side / "c.json"), 4, 32, 4, trace=trace, pilot="next")
+        _serving(hist)
+        hist.close()
+        monkeypatch.chdir(tmp_path / side)
+        capfd.readouterr()
+        assert main(argv) == 0
+        outputs.append(capfd.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0]
+
+
+def test_the_routed_experts_export_of_a_streamed_capture(tmp_path: Path, small_chunks: None) -> None:
+    arrays = []
+    for side, trace in (("s", "stream"), ("m", True)):
+        path = tmp_path / f"{side}.json"
+        hist = turbospark.RouterHistogram(str(path), 4, 32, 4, trace=trace, pilot="next")
+        _serving(hist)
+        hist.close()
+        assert main(["export", str(path), "--to", "routed-experts", "-o", str(tmp_path / f"{side}.npz")]) == 0
+        with np.load(tmp_path / f"{side}.npz") as data:
+            arrays.append({name: data[name] for name in data.files})
+    assert arrays[0].keys() == arrays[1].keys()
+    for name in arrays[0]:
+        assert arrays[0][name].dtype == arrays[1][name].dtype
+        assert np.array_equal(arrays[0][name], arrays[1][name])
