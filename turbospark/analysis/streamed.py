@@ -126,6 +126,9 @@ class LayerRows(Sequence):  # type: ignore[type-arg]
         if rows is None:
             rows = self._rows[index] = self._build(index)
             rows.setflags(write=False)
+            # The mapped pages it was read from need not stay resident (a view of the map faults them
+            # back in when read): else a pass over every layer would keep the whole file in this process.
+            self.release()
             self._order.append(index)
             if len(self._order) > self.KEPT:
                 self._rows[self._order.pop(0)] = None
@@ -177,8 +180,11 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     stream = _stream_field(fields, num_layers)
     sidecar = os.path.join(os.path.dirname(os.fspath(path)), stream["file"])
     with open(sidecar, "rb") as handle:
-        file_size = os.fstat(handle.fileno()).st_size
-        data: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if file_size else b""
+        # A descriptor of the capture's rows' own (copies are read through it), closed with them.
+        file = _Sidecar(os.dup(handle.fileno()))
+    file_size = os.fstat(file.fd).st_size
+    data: Any = mmap.mmap(file.fd, 0, access=mmap.ACCESS_READ) if file_size else b""
+    file.data = data
     try:
         header = fmt.unpack_header(data[: fmt.HEADER_SIZE])
     except ValueError as exc:
@@ -226,17 +232,17 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
                       stranded + stranded_preds)
 
     release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if can_release else None
-    trace = LayerRows(num_layers, lambda layer: _ids(data, passes[layer], dtype, width),
-                      lambda layer, lo, hi: _ids(data, passes[layer], dtype, width, lo, hi),
+    trace = LayerRows(num_layers, lambda layer: _ids(file, passes[layer], dtype, width),
+                      lambda layer, lo, hi: _ids(file, passes[layer], dtype, width, lo, hi),
                       on_disk.tolist(), release)
-    pred = (LayerRows(num_layers, lambda layer: _ids(data, preds[layer], dtype, width),
-                      lambda layer, lo, hi: _ids(data, preds[layer], dtype, width, lo, hi),
+    pred = (LayerRows(num_layers, lambda layer: _ids(file, preds[layer], dtype, width),
+                      lambda layer, lo, hi: _ids(file, preds[layer], dtype, width, lo, hi),
                       pred_rows.tolist(), release)
             if stream.get("predictions") is not None else None)
     seq = phase = None
     if any(segment.tagged for layer in passes for segment in layer):
-        seq = LayerRows(num_layers, lambda layer: _tags(data, passes[layer], header.id_bytes, width, 0))
-        phase = LayerRows(num_layers, lambda layer: _tags(data, passes[layer], header.id_bytes, width, 1))
+        seq = LayerRows(num_layers, lambda layer: _tags(file, passes[layer], header.id_bytes, width, 0))
+        phase = LayerRows(num_layers, lambda layer: _tags(file, passes[layer], header.id_bytes, width, 1))
     counts = base.counts
     stale = np.flatnonzero((on_disk != stated) | (missing > 0)).tolist()
     if stale:
@@ -268,33 +274,82 @@ def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segmen
     return layers, np.array(rows, dtype=np.int64), stranded
 
 
-def _ids(data: Any, segments: list[_Segment], dtype: np.dtype, width: int, lo: int = 0,
+class _Sidecar:
+    """The open sidecar: its map (zero-copy views of one frame) and a descriptor for copies.
+
+    A layer's frames are spread over the whole file, one per chunk. Copying
+    them out of the map would fault in, and count in this process's memory,
+    the pages around each (the kernel maps neighbours, other layers' frames,
+    along with it); ``pread`` into the result reads just the frame's bytes.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd  # closed with this object
+        self.data: Any = b""  # the map, once made
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+    def gather(self, pieces: list[tuple[int, int]], dtype: np.dtype) -> np.ndarray:
+        """The ``(offset, count)`` runs of ``dtype`` values, one after the other, as one 1-D array."""
+        if len(pieces) == 1:
+            offset, count = pieces[0]
+            return np.frombuffer(self.data, dtype=dtype, count=count, offset=offset)
+        out = np.empty(sum(count for _, count in pieces), dtype=dtype)
+        flat = memoryview(out).cast("B")
+        at = 0
+        for offset, count in pieces:
+            size = count * dtype.itemsize
+            _read_exactly(self.fd, flat[at: at + size], offset)
+            at += size
+        return out
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(into):
+        got = os.preadv(fd, [into[done:]], offset + done) if hasattr(os, "preadv") else _pread_into(fd, into[done:],
+                                                                                                    offset + done)
+        if got <= 0:
+            raise OSError(f"the sidecar ended at byte {offset + done} while a frame was read (was it cut since it "
+                          "was loaded?)")
+        done += got
+
+
+def _pread_into(fd: int, into: memoryview, offset: int) -> int:
+    chunk = os.pread(fd, len(into), offset)
+    into[: len(chunk)] = chunk
+    return len(chunk)
+
+
+def _ids(file: _Sidecar, segments: list[_Segment], dtype: np.dtype, width: int, lo: int = 0,
          hi: Optional[int] = None) -> np.ndarray:
     """A layer's rows ``lo:hi`` (default: all) from its frames: a view of the map when they sit in one."""
-    parts, start = [], 0
+    pieces, start = [], 0
     for s in segments:
         first, last = max(lo, start), s.rows + start if hi is None else min(hi, start + s.rows)
         if first < last:
             skip = (8 * s.rows if s.tagged else 0) + (first - start) * width * dtype.itemsize
-            parts.append(np.frombuffer(data, dtype=dtype, count=(last - first) * width, offset=s.offset + skip))
+            pieces.append((s.offset + skip, (last - first) * width))
         start += s.rows
-    if not parts:
+    if not pieces:
         return np.zeros((0, width), dtype=dtype)
-    flat = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    return flat.reshape(-1, width)
+    return file.gather(pieces, dtype).reshape(-1, width)
 
 
-def _tags(data: Any, segments: list[_Segment], id_bytes: int, width: int, column: int) -> np.ndarray:
+def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, column: int) -> np.ndarray:
     """A layer's seq (column 0, int64) or phase (column 1, uint8) column; untagged frames read as the defaults."""
     dtype = np.dtype("<i8") if column == 0 else np.dtype("u1")
+    if all(s.tagged for s in segments) and segments:
+        return file.gather([(s.offset if column == 0 else s.offset + s.rows * (8 + width * id_bytes), s.rows)
+                            for s in segments], dtype)
     parts = []
     for s in segments:
         if not s.tagged:
             parts.append(np.full(s.rows, 0 if column == 0 else 1, dtype=dtype))
-        elif column == 0:
-            parts.append(np.frombuffer(data, dtype=dtype, count=s.rows, offset=s.offset))
         else:
-            parts.append(np.frombuffer(data, dtype=dtype, count=s.rows, offset=s.offset + s.rows * (8 + width * id_bytes)))
+            offset = s.offset if column == 0 else s.offset + s.rows * (8 + width * id_bytes)
+            parts.append(file.gather([(offset, s.rows)], dtype))
     if not parts:
         return np.zeros(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
