@@ -10,7 +10,9 @@ processes, so each peak RSS is that phase's alone:
 
 * record + write: ``record`` is the recording calls, ``write`` the close
   (the JSON, or for a stream: the last chunks made durable and the summary);
-  ``rss rec`` its peak resident memory;
+  ``rss rec`` its peak resident memory, ``rec +`` that peak less the memory
+  just before the first record (the interpreter, numpy and the benchmark's
+  own pool of blocks, ~63 MiB, are the rest);
 * load: ``turbospark.load`` plus building every layer's trace array (for a
   stream: the memory map's rows; in memory: the JSON parse), with ``MB/s``
   the capture's bytes on disk over that time and ``rss ld`` that process's
@@ -54,6 +56,8 @@ def _record(path: str, passes: int, trace: object) -> dict[str, float]:
     pool = [[np.argsort(rng.random((BLOCK, EXPERTS)), axis=1)[:, :TOP_K].astype(np.int64) for _ in range(16)]
             for _ in range(LAYERS)]
     hist = RouterHistogram(path, LAYERS, EXPERTS, TOP_K, trace=trace)
+    with open("/proc/self/status") as status:
+        before = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
     started = time.perf_counter()
     done = 0
     while done < passes:
@@ -67,7 +71,7 @@ def _record(path: str, passes: int, trace: object) -> dict[str, float]:
     written = time.perf_counter()
     size = os.path.getsize(path) + (os.path.getsize(path + ".trace") if trace == "stream" else 0)
     return {"record": recorded - started, "write": written - recorded, "bytes": size,
-            "rss": _peak_mib()}
+            "rss": _peak_mib(), "grown": _peak_mib() - before}
 
 
 def _load(path: str) -> dict[str, float]:
@@ -112,7 +116,7 @@ def main() -> None:
         return
     directory = args.dir or tempfile.mkdtemp(prefix="turbospark-scale-")
     print(f"{LAYERS} layers x {EXPERTS} experts, top-{TOP_K}, trace on; one child process per phase")
-    print(f"{'passes':>9} {'ids':>6} {'mode':>7} {'record':>7} {'write':>7} {'file':>9} {'rss rec':>8} "
+    print(f"{'passes':>9} {'ids':>6} {'mode':>7} {'record':>7} {'write':>7} {'file':>9} {'rss rec':>8} {'rec +':>7} "
           f"{'load':>7} {'MB/s':>7} {'rss ld':>8} {'analyze':>8} {'M ids/s':>8} {'rss an':>8}")
     try:
         for passes in args.passes:
@@ -124,7 +128,7 @@ def main() -> None:
                 an = {**_child("load", path), **_child("analyze", path)}
                 ids = passes * LAYERS * TOP_K
                 print(f"{passes:>9} {ids / 1e6:>5.0f}M {mode:>7} {rec['record']:>6.2f}s {rec['write']:>6.2f}s "
-                      f"{rec['bytes'] / 2**20:>6.0f}MiB {rec['rss']:>5.0f}MiB {an['load']:>6.2f}s "
+                      f"{rec['bytes'] / 2**20:>6.0f}MiB {rec['rss']:>5.0f}MiB {rec['grown']:>4.0f}MiB {an['load']:>6.2f}s "
                       f"{rec['bytes'] / 1e6 / an['load']:>7.0f} {an['rss_load']:>5.0f}MiB {an['analyze']:>7.2f}s "
                       f"{ids / 1e6 / an['analyze']:>8.0f} {an['rss']:>5.0f}MiB", flush=True)
                 for name in (path, path + ".trace"):
