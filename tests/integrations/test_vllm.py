@@ -152,6 +152,38 @@ def test_eager_exact(models: dict[str, str], name: str, tmp_path: pathlib.Path) 
     assert "[router-hist] wrote" in err
 
 
+def test_streamed_capture_equals_the_in_memory_one(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    from turbospark.cli import main
+
+    batches = [prompts(4, 6)]
+    streamed_dir, memory_dir = tmp_path / "stream", tmp_path / "memory"
+    streamed_dir.mkdir()
+    memory_dir.mkdir()
+    # A checkpoint every 0.2 s: the sidecar is appended to while the engine runs.
+    cap, results, err = run_vllm(streamed_dir, models["qwen3_moe"], batches, 8,
+                                 env={"TURBOSPARK_ROUTER_TRACE": "stream", "TURBOSPARK_ROUTER_HIST_CHECKPOINT": "0.2"})
+    assert cap is not None, err
+    assert cap.stream is not None and (streamed_dir / "cap.json.trace").is_file()
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", streamed_dir)
+    memory, memory_results, err = run_vllm(memory_dir, models["qwen3_moe"], batches, 8)
+    assert memory is not None, err
+    assert [r["output"] for r in memory_results] == [r["output"] for r in results]
+    # What `turbospark export cap.json --to json` writes: the in-memory recorder's document.
+    assert main(["export", str(streamed_dir / "cap.json"), "--to", "json", "-o", str(tmp_path / "full.json")]) == 0
+    exported = (tmp_path / "full.json").read_text()
+    written = (memory_dir / "cap.json").read_text()
+    # Byte for byte up to the request map, whose engine ids end in 8 random characters per run.
+    head, _, streamed_map = exported.partition(',"requests":')
+    memory_head, _, memory_map = written.partition(',"requests":')
+    assert head == memory_head
+
+    def engine_ids_cut(text: str) -> list[dict[str, Any]]:
+        return [dict(e, request=e["request"].rpartition("-")[0]) for e in json.loads(text[:-1])]
+
+    assert engine_ids_cut(streamed_map) == engine_ids_cut(memory_map)
+    assert [e.request for e in cap.requests] == [e["request"] for e in json.loads(streamed_map[:-1])]
+
+
 def test_chunked_prefill_mixes_phases(models: dict[str, str], tmp_path: pathlib.Path) -> None:
     engine = {"enforce_eager": True, "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
               "max_model_len": 128, "enable_prefix_caching": False}
