@@ -106,6 +106,23 @@ def test_table_refuses_an_unknown_request() -> None:
         RequestTable().step(step({"x": 1}, cached=(("x", 3),)), ["x"])
 
 
+@pytest.mark.parametrize("raw, seconds", [(None, 10.0), ("2.5", 2.5), ("0", 0.0)])
+def test_shutdown_grace_setting(raw: Any, seconds: float) -> None:
+    from turbospark.vllm._shutdown import grace_seconds
+
+    assert grace_seconds({} if raw is None else {"TURBOSPARK_VLLM_SHUTDOWN_GRACE": raw}) == seconds
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf"])
+def test_shutdown_grace_refuses_a_bad_value(raw: str) -> None:
+    from turbospark.vllm._shutdown import grace_seconds
+
+    with pytest.warns(RuntimeWarning) as caught:
+        assert grace_seconds({"TURBOSPARK_VLLM_SHUTDOWN_GRACE": raw}) == 10.0
+    assert [str(w.message) for w in caught] == [
+        f"ignoring TURBOSPARK_VLLM_SHUTDOWN_GRACE={raw!r}: not a number of seconds >= 0; using 10"]
+
+
 def worker(**overrides: Any) -> Any:
     parallel = SimpleNamespace(pipeline_parallel_size=overrides.pop("pp", 1))
     config = SimpleNamespace(speculative_config=overrides.pop("spec", None), parallel_config=parallel)
