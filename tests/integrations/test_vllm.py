@@ -61,8 +61,10 @@ def prompts(count: int, length: int, seed: int = 0, prefix: Optional[list[int]] 
 
 def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]], max_tokens: int, *,
              engine: Optional[dict[str, Any]] = None, env: Optional[dict[str, str]] = None,
-             capture_path: Optional[str] = "cap.json", timeout: float = 300) -> tuple[Any, list[dict[str, Any]], str]:
-    """Run the child; returns (loaded capture or None, the requests' tokens, stderr)."""
+             capture_path: Optional[str] = "cap.json", read: Optional[str] = None,
+             timeout: float = 300) -> tuple[Any, list[dict[str, Any]], str]:
+    """Run the child; returns (the capture loaded from ``read`` (default ``capture_path``) or None, the
+    requests' tokens, stderr)."""
     spec = tmp_path / "spec.json"
     out = tmp_path / "out.json"
     spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
@@ -75,7 +77,7 @@ def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]],
     if proc.returncode != 0:
         return None, [], proc.stderr
     assert "ENGINE-DELETED" in proc.stdout, proc.stdout
-    cap = turbospark.load(tmp_path / capture_path) if capture_path is not None else None
+    cap = turbospark.load(tmp_path / (read or capture_path)) if capture_path is not None else None
     return cap, json.loads(out.read_text()), proc.stderr
 
 
@@ -247,6 +249,37 @@ def test_multiprocess_engine(models: dict[str, str], tmp_path: pathlib.Path) -> 
                                  env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, timeout=400)
     assert cap is not None, err
     check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a machine limit, not a dependency: TP=2 on vLLM's CPU "
+                    "backend binds each rank's OpenMP threads to its own core (VLLM_CPU_OMP_THREADS_BIND='0|1') "
+                    f"and this machine has {os.cpu_count()} core")
+def test_tensor_parallel_ranks_record_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    batches = [prompts(3, 6)]
+    tp_dir, one_dir = tmp_path / "tp2", tmp_path / "tp1"
+    tp_dir.mkdir()
+    one_dir.mkdir()
+    engine = {"enforce_eager": True, "tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    cap, results, err = run_vllm(tp_dir, models["qwen3_moe"], batches, 6, engine=engine, capture_path="cap-{rank}.json",
+                                 read="cap-0.json", timeout=400,
+                                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    assert cap is not None, err
+    # Both ranks route the same tokens; only TP rank 0 wrote.
+    assert sorted(p.name for p in tp_dir.glob("cap-*")) == ["cap-0.json"]
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", tp_dir)
+    one, one_results, err = run_vllm(one_dir, models["qwen3_moe"], batches, 6)
+    assert one is not None, err
+    assert [r["output"] for r in one_results] == [r["output"] for r in results]
+    # The same routing as TP=1, request by request, pass for pass (the steps may order requests otherwise).
+    def per_request(c: Any) -> dict[str, list[tuple[list[list[int]], list[int]]]]:
+        # Rows as sorted sets: vLLM's CPU top-k is unsorted.
+        return {e.request.rpartition("-")[0]: [([sorted(r) for r in c.trace[layer][c.seq[layer] == e.seq].tolist()],
+                                                c.phase[layer][c.seq[layer] == e.seq].tolist())
+                                               for layer in range(c.num_layers)] for e in c.requests}
+
+    assert len(cap.requests) == len(one.requests) == 3
+    assert per_request(cap) == per_request(one)
+    assert cap.counts.tolist() == one.counts.tolist()
 
 
 def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:
