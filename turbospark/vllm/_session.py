@@ -160,8 +160,8 @@ class Session:
     def after_step(self, scheduler_output: Any) -> None:
         """Record the rows of the step that just ran; raises RuntimeError when a routed layer wrote none.
 
-        Per step: the tags (``RequestTable.step``), one ``tolist`` of the row
-        counts checked against the step's token count, and one ``record_batch``
+        Per step: the tags (``RequestTable.step``), one ``min`` over the routed
+        layers' row counts against the step's token count, and one ``record_batch``
         per layer and phase run, whose arguments (views of the static buffer,
         the run's sequence ids) are built once per distinct layout and reused
         while steps repeat it.
