@@ -125,6 +125,21 @@ def test_counts_only_merges_with_and_without_tags(tmp_path: Path, capfd: pytest.
         assert json_of(["analyze", *paths, "--json"], capfd)[1] == merged_json(tmp_path, paths, [], capfd)
 
 
+def test_requests_maps_give_the_merged_report(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(11)
+    docs = [random_doc(rng, tagged=True, pred="none", passes=(5, 40)) for _ in range(3)]
+    for index, doc in enumerate(docs):
+        # Maps longer than the ids reach (index + 5 entries for ids 0..4): the width merge shifts by.
+        doc["requests"] = [{"seq": i, "request": f"r{index}-{i}", "attempt": 0, "start": 0, "prompt": 1}
+                           for i in range(5 + index)]
+    idle = {"num_layers": L, "num_experts": E, "top_k": K, "counts": [[0] * E] * L, "trace": [[]] * L,
+            "requests": []}
+    paths = write_all(tmp_path, docs[:2] + [idle, docs[2]], "rq")
+    expected = merged_json(tmp_path, paths, OPTIONS, capfd)
+    assert '"sequences":' in expected
+    assert json_of(["analyze", *paths, "--json", *OPTIONS], capfd) == (0, expected)
+
+
 def test_a_capped_file_and_pilot_distance(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     capped = {"num_layers": 2, "num_experts": 4, "top_k": 1, "counts": [[2, 1, 1, 0], [1, 0, 0, 0]],
               "trace": [[0, 1], [0]], "pred": [[], [0]], "trace_cap": 2, "trace_dropped": [2, 0],
@@ -142,6 +157,12 @@ def test_a_capped_file_and_pilot_distance(tmp_path: Path, capfd: pytest.CaptureF
 
 
 REFUSED = [
+    ({"trace": [[0], [0]], "seq": [[0], [0]], "phase": [[1], [1]],
+      "requests": [{"seq": 0, "request": "a", "attempt": 0, "start": 0, "prompt": 1}]},
+     {"trace": [[0], [0]]}, "has a requests map (the vLLM plugin's)"),
+    ({"trace": [[0], [0]], "seq": [[0], [0]], "phase": [[1], [1]],
+      "requests": [{"seq": 0, "request": "a", "attempt": 0, "start": 0, "prompt": 1}]},
+     {"trace": [[0], [0]], "requests": []}, "it has a requests map but its passes carry no seq tags"),
     ({"trace": [[0], [0]], "pred": [[], []]}, {"trace": [[0], [0]]}, "has predictions (pilot probe)"),
     ({"trace": [[0], [0]], "pred": [[], []]}, {"trace": [[0], [0, 1]], "pred": [[], [1]]}, "would not line up"),
 ]

@@ -103,6 +103,71 @@ def test_counts_only_all_tagged_keep_their_sequences(tmp_path: Path, capfd: pyte
     capfd.readouterr()
 
 
+def requests(*entries: tuple[str, int, int, int]) -> list[dict]:
+    """A vLLM-style ``requests`` map: (request, attempt, start, prompt) per sequence id, in order."""
+    return [{"seq": i, "request": r, "attempt": a, "start": s, "prompt": p} for i, (r, a, s, p) in enumerate(entries)]
+
+
+# Rank 0 maps 3 sequence ids but its passes reach only id 1 (a request its last write had no passes of yet):
+# its width is its map's 3, not 2, so rank 1's ids start at 3 and every merged id keeps its own entry.
+RANK0 = traced(3, 1, [[[0], [2], [1]], [[1]]], seq=[[0, 1, 1], [0]], phase=[[0, 0, 1], [1]],
+               requests=requests(("0-aaaaaaaa", 0, 0, 1), ("1-bbbbbbbb", 0, 0, 2), ("2-cccccccc", 0, 32, 40)))
+RANK1 = traced(3, 1, [[[2]], [[0], [0]]], seq=[[1], [0, 1]], phase=[[1], [0, 0]],
+               requests=requests(("0-dddddddd", 0, 0, 5), ("0-dddddddd", 1, 3, 5)))
+
+
+def test_requests_maps_are_kept_and_shifted_by_their_length(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    text = merged(tmp_path, [RANK0, RANK1])
+    assert text == (
+        '{"num_layers":2,"num_experts":3,"top_k":1,"counts":[[1,1,2],[2,1,0]],"trace":[[0,2,1,2],[1,0,0]],'
+        '"seq":[[0,1,1,4],[0,3,4]],"phase":[[0,0,1,1],[1,0,0]],'
+        '"requests":[{"seq":0,"request":"0-aaaaaaaa","attempt":0,"start":0,"prompt":1},'
+        '{"seq":1,"request":"1-bbbbbbbb","attempt":0,"start":0,"prompt":2},'
+        '{"seq":2,"request":"2-cccccccc","attempt":0,"start":32,"prompt":40},'
+        '{"seq":3,"request":"0-dddddddd","attempt":0,"start":0,"prompt":5},'
+        '{"seq":4,"request":"0-dddddddd","attempt":1,"start":3,"prompt":5}]}')
+    capture = loads(text)
+    assert [r.request for r in capture.requests] == ["0-aaaaaaaa", "1-bbbbbbbb", "2-cccccccc", "0-dddddddd",
+                                                     "0-dddddddd"]
+    # Every grouping agrees, the map included (a merged map's length is the sum of its inputs').
+    third = traced(3, 1, [[], [[2]]], seq=[[], [0]], phase=[[], [1]], requests=requests(("9-eeeeeeee", 0, 0, 1)))
+    fourth = dict(RANK0, requests=requests(("0-aaaaaaaa", 0, 0, 1), ("1-bbbbbbbb", 0, 0, 2), ("x", 0, 0, 0),
+                                           ("y", 1, 2, 3), ("z", 0, 0, 0)))
+    flat = loads(assert_groupings_agree(tmp_path, [RANK0, RANK1, third, fourth]))
+    assert [r.request for r in flat.requests][5:] == ["9-eeeeeeee", "0-aaaaaaaa", "1-bbbbbbbb", "x", "y", "z"]
+    # The last file's ids moved up by 3 + 2 + 1.
+    assert flat.seq[0].tolist() == [0, 1, 1, 4, 6, 7, 7]
+    capfd.readouterr()
+
+
+def test_counts_only_requests_maps_and_an_idle_rank(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    busy = dict(counts_only([1, 1], [0, 1], [0, 1]), requests=requests(("a-00000000", 0, 0, 1), ("b-00000000", 0, 0, 1)))
+    # An idle rank writes no passes and no seq/phase, and an empty map: it takes no ids and keeps the tags.
+    idle = dict(counts_only([0, 0]), requests=[])
+    assert assert_groupings_agree(tmp_path, [busy, idle, busy, idle]) == (
+        '{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[2,2]],"seq":[[0,1,2,3]],"phase":[[0,1,0,1]],'
+        '"requests":[{"seq":0,"request":"a-00000000","attempt":0,"start":0,"prompt":1},'
+        '{"seq":1,"request":"b-00000000","attempt":0,"start":0,"prompt":1},'
+        '{"seq":2,"request":"a-00000000","attempt":0,"start":0,"prompt":1},'
+        '{"seq":3,"request":"b-00000000","attempt":0,"start":0,"prompt":1}]}')
+    capfd.readouterr()
+
+
+@pytest.mark.parametrize(("second", "message"), [
+    (traced(3, 1, [[[2]], []], seq=[[0], []], phase=[[1], []]),
+     "cannot merge {0} and {1}: {0} has a requests map (the vLLM plugin's), {1} has not"),
+    (dict(counts_only([1, 0]), num_experts=3, num_layers=2, counts=[[1, 0, 0], [0, 0, 0]], trace=[[0], []],
+          requests=requests(("q", 0, 0, 1))),
+     "cannot merge {1}: it has a requests map but its passes carry no seq tags, so the map describes none of them"),
+])
+def test_requests_maps_that_cannot_merge_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str], second: dict,
+                                                 message: str) -> None:
+    paths = [write_capture(tmp_path / f"r{i}.json", doc) for i, doc in enumerate([RANK0, second])]
+    assert main(["merge", *paths, "-o", str(tmp_path / "m.json")]) == 2
+    assert capfd.readouterr().err == "turbospark: " + message.format(*paths) + "\n"
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_pilot_distance_is_kept(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     a = traced(3, 1, [[[0]], [], [[1]]], pred=[[], [], [2]], pilot_distance=[0, 0, 2])
     b = traced(3, 1, [[[2]], [], [[1]]], pred=[[], [], [1]], pilot_distance=[0, 0, 2])

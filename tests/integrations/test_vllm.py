@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 
 from childproc import child_env, run_isolated
 from conftest import require_module
+from readme_blocks import block, documents, working_directory
 
 pytestmark = pytest.mark.vllm
 
@@ -59,8 +61,10 @@ def prompts(count: int, length: int, seed: int = 0, prefix: Optional[list[int]] 
 
 def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]], max_tokens: int, *,
              engine: Optional[dict[str, Any]] = None, env: Optional[dict[str, str]] = None,
-             capture_path: Optional[str] = "cap.json", timeout: float = 300) -> tuple[Any, list[dict[str, Any]], str]:
-    """Run the child; returns (loaded capture or None, the requests' tokens, stderr)."""
+             capture_path: Optional[str] = "cap.json", read: Optional[str] = None,
+             timeout: float = 300) -> tuple[Any, list[dict[str, Any]], str]:
+    """Run the child; returns (the capture loaded from ``read`` (default ``capture_path``) or None, the
+    requests' tokens, stderr)."""
     spec = tmp_path / "spec.json"
     out = tmp_path / "out.json"
     spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
@@ -73,7 +77,7 @@ def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]],
     if proc.returncode != 0:
         return None, [], proc.stderr
     assert "ENGINE-DELETED" in proc.stdout, proc.stdout
-    cap = turbospark.load(tmp_path / capture_path) if capture_path is not None else None
+    cap = turbospark.load(tmp_path / (read or capture_path)) if capture_path is not None else None
     return cap, json.loads(out.read_text()), proc.stderr
 
 
@@ -152,6 +156,38 @@ def test_eager_exact(models: dict[str, str], name: str, tmp_path: pathlib.Path) 
     assert "[router-hist] wrote" in err
 
 
+def test_streamed_capture_equals_the_in_memory_one(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    from turbospark.cli import main
+
+    batches = [prompts(4, 6)]
+    streamed_dir, memory_dir = tmp_path / "stream", tmp_path / "memory"
+    streamed_dir.mkdir()
+    memory_dir.mkdir()
+    # A checkpoint every 0.2 s: the sidecar is appended to while the engine runs.
+    cap, results, err = run_vllm(streamed_dir, models["qwen3_moe"], batches, 8,
+                                 env={"TURBOSPARK_ROUTER_TRACE": "stream", "TURBOSPARK_ROUTER_HIST_CHECKPOINT": "0.2"})
+    assert cap is not None, err
+    assert cap.stream is not None and (streamed_dir / "cap.json.trace").is_file()
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", streamed_dir)
+    memory, memory_results, err = run_vllm(memory_dir, models["qwen3_moe"], batches, 8)
+    assert memory is not None, err
+    assert [r["output"] for r in memory_results] == [r["output"] for r in results]
+    # What `turbospark export cap.json --to json` writes: the in-memory recorder's document.
+    assert main(["export", str(streamed_dir / "cap.json"), "--to", "json", "-o", str(tmp_path / "full.json")]) == 0
+    exported = (tmp_path / "full.json").read_text()
+    written = (memory_dir / "cap.json").read_text()
+    # Byte for byte up to the request map, whose engine ids end in 8 random characters per run.
+    head, _, streamed_map = exported.partition(',"requests":')
+    memory_head, _, memory_map = written.partition(',"requests":')
+    assert head == memory_head
+
+    def engine_ids_cut(text: str) -> list[dict[str, Any]]:
+        return [dict(e, request=e["request"].rpartition("-")[0]) for e in json.loads(text[:-1])]
+
+    assert engine_ids_cut(streamed_map) == engine_ids_cut(memory_map)
+    assert [e.request for e in cap.requests] == [e["request"] for e in json.loads(streamed_map[:-1])]
+
+
 def test_chunked_prefill_mixes_phases(models: dict[str, str], tmp_path: pathlib.Path) -> None:
     engine = {"enforce_eager": True, "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
               "max_model_len": 128, "enable_prefix_caching": False}
@@ -215,6 +251,37 @@ def test_multiprocess_engine(models: dict[str, str], tmp_path: pathlib.Path) -> 
     check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a machine limit, not a dependency: TP=2 on vLLM's CPU "
+                    "backend binds each rank's OpenMP threads to its own core (VLLM_CPU_OMP_THREADS_BIND='0|1') "
+                    f"and this machine has {os.cpu_count()} core")
+def test_tensor_parallel_ranks_record_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    batches = [prompts(3, 6)]
+    tp_dir, one_dir = tmp_path / "tp2", tmp_path / "tp1"
+    tp_dir.mkdir()
+    one_dir.mkdir()
+    engine = {"enforce_eager": True, "tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    cap, results, err = run_vllm(tp_dir, models["qwen3_moe"], batches, 6, engine=engine, capture_path="cap-{rank}.json",
+                                 read="cap-0.json", timeout=400,
+                                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    assert cap is not None, err
+    # Both ranks route the same tokens; only TP rank 0 wrote.
+    assert sorted(p.name for p in tp_dir.glob("cap-*")) == ["cap-0.json"]
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", tp_dir)
+    one, one_results, err = run_vllm(one_dir, models["qwen3_moe"], batches, 6)
+    assert one is not None, err
+    assert [r["output"] for r in one_results] == [r["output"] for r in results]
+    # The same routing as TP=1, request by request, pass for pass (the steps may order requests otherwise).
+    def per_request(c: Any) -> dict[str, list[tuple[list[list[int]], list[int]]]]:
+        # Rows as sorted sets: vLLM's CPU top-k is unsorted.
+        return {e.request.rpartition("-")[0]: [([sorted(r) for r in c.trace[layer][c.seq[layer] == e.seq].tolist()],
+                                                c.phase[layer][c.seq[layer] == e.seq].tolist())
+                                               for layer in range(c.num_layers)] for e in c.requests}
+
+    assert len(cap.requests) == len(one.requests) == 3
+    assert per_request(cap) == per_request(one)
+    assert cap.counts.tolist() == one.counts.tolist()
+
+
 def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:
     cap, results, err = run_vllm(tmp_path, models["mixtral"], [prompts(2, 5)], 3,
                                  env={"TURBOSPARK_PILOT_PROBE": "next"})
@@ -222,6 +289,18 @@ def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) 
     assert err.count("TURBOSPARK_PILOT_PROBE is set, but the vLLM plugin does not run the pilot probe") == 1
     assert cap.pred is None
     check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
+
+
+def test_shutdown_grace_only_widens_the_abort_window() -> None:
+    code = ("import os; os.environ['TURBOSPARK_ROUTER_HIST'] = 'x.json'; os.environ['TURBOSPARK_VLLM_SHUTDOWN_GRACE'] = '7'\n"
+            "import turbospark.vllm as v; v.register(); v.register()\n"
+            "from vllm.v1.engine import utils as u; f = u.get_engine_process_shutdown_timeout\n"
+            "print(f(0, 0), f(0, 2), f(0, 30), f(0, None), f(5, 0), f(5, 3))")
+    proc = run_isolated([sys.executable, "-c", code], str(TESTS), child_env(), 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Abort mode (--shutdown-timeout 0): at least 7 s for the engine to exit; vLLM's own 5 s default (None),
+    # a longer window and drain mode (a positive request timeout) are left alone.
+    assert proc.stdout.splitlines()[-1] == "7.0 7.0 30 None 0 3"
 
 
 def test_no_recording_without_the_variable(models: dict[str, str], tmp_path: pathlib.Path) -> None:
@@ -245,28 +324,50 @@ def _post(port: int, body: dict[str, Any]) -> dict[str, Any]:
         return json.loads(response.read())
 
 
-def _serve(tmp_path: pathlib.Path, model: str, env: dict[str, str], stop: signal.Signals) -> tuple[int, str]:
+def _doc_serve_env(marker: str) -> dict[str, str]:
+    """The variables of the README's and docs' ``VAR=value ... vllm serve MODEL`` line containing ``marker``
+    (every copy of it must be the same line)."""
+    lines = {line for line in documents().splitlines() if marker in line and not line.startswith("`")}
+    assert len(lines) == 1, lines
+    line = lines.pop()
+    words = shlex.split(line.split("#")[0])
+    assert words[-3:] == ["vllm", "serve", "MODEL"], line
+    return dict(word.split("=", 1) for word in words[:-3])
+
+
+def _start_serve(tmp_path: pathlib.Path, model: str, env: dict[str, str]) -> tuple[subprocess.Popen, int, Any]:
     port = _free_port()
     vllm = str(pathlib.Path(sys.executable).parent / "vllm")
     argv = [vllm, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--max-model-len", "256", "--skip-tokenizer-init", "--enforce-eager", "--kv-cache-memory-bytes",
             str(64 << 20)]
-    extra = {"TURBOSPARK_ROUTER_HIST": str(tmp_path / "serve-{rank}.json"), "TURBOSPARK_ROUTER_TRACE": "1",
-             "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    extra.update(env)
+    extra = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), **env}
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(argv, cwd=str(tmp_path), env=child_env(extra), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    deadline = time.monotonic() + 240
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc, port, log
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_serve(proc, log)
+                pytest.fail("vllm serve did not come up:\n" + (tmp_path / "serve.log").read_text()[-4000:])
+            time.sleep(1)
+
+
+def _stop_serve(proc: subprocess.Popen, log: Any) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+
+
+def _serve(tmp_path: pathlib.Path, model: str, env: dict[str, str], stop: signal.Signals) -> tuple[int, str]:
+    """Serve, answer 6 concurrent requests, wait 3 checkpoint intervals (if set), stop with ``stop``."""
+    proc, port, log = _start_serve(tmp_path, model, env)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("vllm serve did not come up:\n" + (tmp_path / "serve.log").read_text()[-4000:])
-                time.sleep(1)
         import concurrent.futures
 
         bodies = [{"model": model, "prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -283,15 +384,12 @@ def _serve(tmp_path: pathlib.Path, model: str, env: dict[str, str], stop: signal
             proc.send_signal(stop)  # what a supervisor (systemd, docker stop) sends to the server
         code = proc.wait(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        _stop_serve(proc, log)
     return code, (tmp_path / "serve.log").read_text()
 
 
-def _check_served(tmp_path: pathlib.Path) -> None:
-    cap = turbospark.load(tmp_path / "serve-0.json")
+def _check_served(path: pathlib.Path) -> None:
+    cap = turbospark.load(path)
     assert cap.requests is not None and len({e.request for e in cap.requests}) == 6
     for layer in (0, 1, 2):
         # 6 prompts of 7..12 tokens plus 7 fed-back tokens each.
@@ -300,15 +398,91 @@ def _check_served(tmp_path: pathlib.Path) -> None:
 
 
 def test_serve_sigterm_keeps_the_checkpoint(models: dict[str, str], tmp_path: pathlib.Path) -> None:
-    code, log = _serve(tmp_path, models["mixtral"], {"TURBOSPARK_ROUTER_HIST_CHECKPOINT": "1"}, signal.SIGTERM)
-    _check_served(tmp_path)
+    # The README's and docs' line, with a checkpoint every second.
+    env = {**_doc_serve_env("TURBOSPARK_ROUTER_TRACE=1 vllm serve MODEL"), "TURBOSPARK_ROUTER_HIST_CHECKPOINT": "1"}
+    code, log = _serve(tmp_path, models["mixtral"], env, signal.SIGTERM)
+    _check_served(tmp_path / "cap-0.json")
 
 
-def test_serve_ctrl_c_keeps_the_capture(models: dict[str, str], tmp_path: pathlib.Path) -> None:
-    # No periodic checkpoint within the test (the default is 60 s): the file on disk after Ctrl-C
-    # comes from the idle write or the write chained before vLLM's signal handler.
-    code, log = _serve(tmp_path, models["mixtral"], {}, signal.SIGINT)
-    _check_served(tmp_path)
+def _stream_tokens(port: int, body: dict[str, Any], got: list[int]) -> None:
+    """Append the streamed completion's token ids to ``got`` until the stream ends or the server goes."""
+    import http.client
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps({**body, "stream": True, "return_token_ids": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for line in response:
+                chunk = json.loads(line[6:]) if line.startswith(b"data: {") else {}
+                # The abort at shutdown ends the stream with an error chunk, which has no choices.
+                for choice in chunk.get("choices", []):
+                    got.extend(choice.get("token_ids") or [])
+    except (OSError, http.client.HTTPException):
+        pass  # the server went away mid-stream: what arrived is what counts
+
+
+def test_serve_ctrl_c_with_requests_running_writes_every_step(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    """Ctrl-C while 6 streamed requests are generating: the capture on disk holds every token streamed before
+    the signal. No periodic checkpoint can run (1 h) and the idle write cannot (steps ran until the signal),
+    so what is on disk is the worker's write at SIGINT, which vLLM's force-kill no longer cuts short
+    (turbospark.vllm._shutdown). Streamed (the docs' line for runs of days), then exported as the docs say."""
+    import threading
+
+    env = {**_doc_serve_env("TURBOSPARK_ROUTER_TRACE=stream vllm serve MODEL"),
+           "TURBOSPARK_ROUTER_HIST_CHECKPOINT": "3600"}
+    model = models["mixtral"]
+    asked = prompts(6, 6)
+    most = 200
+    got: list[list[int]] = [[] for _ in asked]
+    proc, port, log = _start_serve(tmp_path, model, env)
+    try:
+        threads = [threading.Thread(target=_stream_tokens, daemon=True,
+                                    args=(port, {"model": model, "prompt": p, "max_tokens": most, "temperature": 0,
+                                                 "ignore_eos": True}, got[i]))
+                   for i, p in enumerate(asked)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 120
+        while min(len(g) for g in got) < 12 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen = [len(g) for g in got]  # streamed before the signal: their steps ran before it
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=60)
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        _stop_serve(proc, log)
+    text = (tmp_path / "serve.log").read_text()
+    assert 12 <= min(seen) and max(seen) < most, (seen, text[-3000:])  # every request still running at Ctrl-C
+    assert code == 0, text[-3000:]
+    cap = turbospark.load(tmp_path / "cap-0.json")
+    assert cap.stream is not None and cap.requests is not None
+    # One entry per request; the prompts' lengths (7..12) tell them apart.
+    by_prompt = {e.prompt: e for e in cap.requests}
+    assert sorted(by_prompt) == [len(p) for p in asked] and all(e.attempt == 0 and e.start == 0 for e in cap.requests)
+    for prompt, tokens, before in zip(asked, got, seen):
+        entry = by_prompt[len(prompt)]
+        passes = {int((cap.seq[layer] == entry.seq).sum()) for layer in (0, 1, 2)}
+        assert len(passes) == 1, passes
+        routed = passes.pop()
+        # Every token streamed before the signal was routed from a step the capture holds.
+        assert len(prompt) + before - 1 <= routed <= len(prompt) + most - 1
+        known = min(routed, len(prompt) + len(tokens) - 1)
+        ref = reference_topk(model, (prompt + tokens)[:known], tmp_path)
+        for layer in (0, 1, 2):
+            rows = cap.trace[layer][cap.seq[layer] == entry.seq][:known]
+            assert [set(r) for r in rows.tolist()] == [set(r) for r in ref[layer].tolist()]
+    assert "[router-hist] wrote" in text
+    # The docs' export line: the in-memory recorder's document, with the same passes.
+    export = next(line for line in block("turbospark export cap-0.json --to json").splitlines() if "export" in line)
+    from turbospark.cli import main
+
+    with working_directory(tmp_path):
+        assert main(shlex.split(export.split("#")[0])[1:]) == 0
+    full = turbospark.load(tmp_path / "cap-0-full.json")
+    assert full.stream is None and [t.tolist() for t in full.trace] == [t.tolist() for t in cap.trace]
+    assert full.requests == cap.requests
 
 
 def test_docs_llm_example(models: dict[str, str], tmp_path: pathlib.Path) -> None:

@@ -80,9 +80,52 @@ def test_table_prefix_cache_start_and_preemption_rerun() -> None:
     assert [(e.seq, e.attempt, e.start) for e in table.entries][-1] == (2, 2, 40)
 
 
+def test_table_repeated_layout_reuses_tags_and_catches_up() -> None:
+    table = RequestTable()
+    table.step(step({"a": 3, "b": 2}, new_reqs=(new("a", 3), new("b", 2))), ["a", "b"])
+    first = table.step(step({"a": 1, "b": 1}, cached=(("a", 3), ("b", 2))), ["a", "b"])
+    assert first.seq.tolist() == [0, 1] and first.runs == ((0, 2, "decode"),)
+    # The same layout, each request where the last step left it: the same tags, not recomputed.
+    assert table.step(step({"a": 1, "b": 1}, cached=(("a", 4), ("b", 3))), ["a", "b"]) is first
+    assert table.step(step({"a": 1, "b": 1}, cached=(("a", 5), ("b", 4))), ["a", "b"]) is first
+    # Another runner order: the general path, from positions brought up to date (a at 6, b at 5).
+    swapped = table.step(step({"a": 1, "b": 1}, cached=(("a", 6), ("b", 5))), ["b", "a"])
+    assert swapped is not first and swapped.seq.tolist() == [1, 0]
+    assert table.step(step({"a": 1, "b": 1}, cached=(("a", 7), ("b", 6))), ["b", "a"]) is swapped
+    # b is preempted and resumed at 2 while the layout repeats: a rerun (seq 2), never the old tags.
+    rerun = table.step(step({"a": 1, "b": 1}, cached=(("a", 8), ("b", 2))), ["b", "a"])
+    assert rerun.seq.tolist() == [2, 0] and rerun.runs == ((0, 2, "decode"),)
+    # a finished after reaching 9, then b's next decode: the general path drops a.
+    alone = table.step(step({"b": 1}, cached=(("b", 3),), finished=("a",)), ["b"])
+    assert alone.seq.tolist() == [2]
+    assert [(e.seq, e.request, e.attempt, e.start) for e in table.entries] == [(0, "a", 0, 0), (1, "b", 0, 0),
+                                                                               (2, "b", 1, 2)]
+    # A step ahead of where the last one left a request is not the repeated layout either.
+    table.step(step({"b": 1}, cached=(("b", 4),)), ["b"])
+    ahead = table.step(step({"b": 1}, cached=(("b", 9),)), ["b"])
+    assert ahead is not alone and ahead.seq.tolist() == [2] and len(table.entries) == 3
+
+
 def test_table_refuses_an_unknown_request() -> None:
     with pytest.raises(RuntimeError, match="request 'x' was scheduled before its first step was seen"):
         RequestTable().step(step({"x": 1}, cached=(("x", 3),)), ["x"])
+
+
+@pytest.mark.parametrize("raw, seconds", [(None, 10.0), ("2.5", 2.5), ("0", 0.0)])
+def test_shutdown_grace_setting(raw: Any, seconds: float) -> None:
+    from turbospark.vllm._shutdown import grace_seconds
+
+    assert grace_seconds({} if raw is None else {"TURBOSPARK_VLLM_SHUTDOWN_GRACE": raw}) == seconds
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf"])
+def test_shutdown_grace_refuses_a_bad_value(raw: str) -> None:
+    from turbospark.vllm._shutdown import grace_seconds
+
+    with pytest.warns(RuntimeWarning) as caught:
+        assert grace_seconds({"TURBOSPARK_VLLM_SHUTDOWN_GRACE": raw}) == 10.0
+    assert [str(w.message) for w in caught] == [
+        f"ignoring TURBOSPARK_VLLM_SHUTDOWN_GRACE={raw!r}: not a number of seconds >= 0; using 10"]
 
 
 def worker(**overrides: Any) -> Any:

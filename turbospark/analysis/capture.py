@@ -24,11 +24,11 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["Capture", "Request", "RouterLogits", "load", "loads"]
+__all__ = ["Capture", "Request", "RouterLogits", "load", "loads", "requests_key"]
 
 # Keys whose values are L rows of non-negative integers.
 _ROW_KEYS = ("counts", "trace", "pred", "seq", "phase")
@@ -64,6 +64,14 @@ class Request:
     attempt: int
     start: int
     prompt: int
+
+
+def requests_key(entries: Iterable[Request], offset: int = 0) -> str:
+    """The ``,"requests":[...]`` key as the vLLM plugin writes it (ASCII JSON), every ``seq`` plus ``offset``."""
+    items = ",".join('{"seq":%d,"request":%s,"attempt":%d,"start":%d,"prompt":%d}'
+                     % (e.seq + offset, json.dumps(e.request, ensure_ascii=True), e.attempt, e.start, e.prompt)
+                     for e in entries)
+    return ',"requests":[' + items + "]"
 
 
 @dataclass(frozen=True, eq=False)

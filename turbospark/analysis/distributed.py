@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from .capture import Capture, load
-from .merge import check_mergeable, sequence_width
+from .merge import check_mergeable, input_width
 from .metrics import _sizes, count_sum_failures, document
 from .partial import LayerPart, layer_entry, layer_part, trace_mismatch
 from .report import Heading
@@ -41,7 +41,8 @@ _INSTALL = "pip install 'turbospark[dask]'"
 class FileOutline:
     """What the reduction needs of a file beyond its layers: its ``skeleton`` (the capture with its
     trace and predictions replaced by (passes, 0) arrays: shapes without ids), its sequence
-    ``width`` (largest id + 1, 0 without passes), its distinct ``sequences`` and whether it is ``tagged``."""
+    ``width`` (what ``merge`` shifts the next file's ids by: its requests map's length, else largest id + 1,
+    0 without passes), its distinct ``sequences`` and whether it is ``tagged``."""
 
     name: str
     skeleton: Capture
@@ -91,13 +92,14 @@ def file_outline(path: str) -> FileOutline:
 
     skeleton = Capture(capture.num_layers, capture.num_experts, capture.top_k, capture.counts,
                        shapes(capture.trace), shapes(capture.pred), capture.router_logits, None, None,
-                       capture.pilot_distance, capture.trace_cap, capture.trace_dropped)
+                       capture.pilot_distance, capture.trace_cap, capture.trace_dropped, requests=capture.requests)
     if capture.seq is not None:
-        return FileOutline(path, skeleton, sequence_width(capture.seq), len(sequence_ids(capture)), True)
-    # Untagged: merge makes all its passes sequence 0.
+        return FileOutline(path, skeleton, input_width(capture, capture.seq), len(sequence_ids(capture)), True)
+    # Untagged: merge makes all its passes sequence 0 (a requests map then takes its own length).
     routed = any(capture.trace[layer].shape[0] for layer in range(capture.num_layers)) if capture.trace is not None \
         else bool(capture.totals.any())
-    return FileOutline(path, skeleton, int(routed), int(routed), False)
+    width = len(capture.requests) if capture.requests is not None else int(routed)
+    return FileOutline(path, skeleton, width, int(routed), False)
 
 
 def layer_task(path: str, layer: int, windows: Sequence[int], caches: Sequence[int],

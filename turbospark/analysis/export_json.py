@@ -14,13 +14,12 @@ layer is written.
 
 from __future__ import annotations
 
-import json
 from typing import IO, Any
 
 import numpy as np
 
 from ..recording._f32display import format_f32_row
-from .capture import Capture
+from .capture import Capture, requests_key
 
 __all__ = ["write_json"]
 
@@ -53,9 +52,7 @@ def write_json(capture: Capture, out: IO[bytes]) -> None:
     if capture.pilot_distance is not None:
         out.write(f',"pilot_distance":[{",".join(map(str, capture.pilot_distance))}]'.encode("ascii"))
     if capture.requests is not None:
-        items = ",".join('{"seq":%d,"request":%s,"attempt":%d,"start":%d,"prompt":%d}'
-                         % (r.seq, json.dumps(r.request), r.attempt, r.start, r.prompt) for r in capture.requests)
-        out.write(f',"requests":[{items}]'.encode("ascii"))
+        out.write(requests_key(capture.requests).encode("ascii"))
     out.write(b"}")
 
 

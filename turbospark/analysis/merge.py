@@ -7,8 +7,10 @@
   layer in argument order, and every input's passes become sequences of
   their own: the output's ``seq`` (per pass) is the input's own sequence id
   (0 for a capture without sequence information) plus an offset, the sum of
-  the widths (largest sequence id + 1, or 0 without passes) of the inputs
-  before it; ``phase`` is copied (1, decode, without sequence information).
+  the widths of the inputs before it; ``phase`` is copied (1, decode,
+  without sequence information). An input's width is the length of its
+  ``requests`` map when it has one, else its largest sequence id + 1 (0
+  without passes).
   So window and per-sequence metrics never join passes of two ranks. With a
   trace, ``seq`` and ``phase`` are always written. Counts-only captures carry
   them only when every input has them: a counts-only input without them
@@ -28,6 +30,15 @@
   file and its dropped passes: its kept passes are only a layer's first N, so
   concatenating them would hide a gap. One capped without a drop merges as an
   uncapped trace (every pass is in it).
+* ``requests`` (the vLLM plugin's map from sequence ids to requests): kept
+  when every input has one, as the inputs' maps one after the other, each
+  entry's ``seq`` shifted by its input's offset, so the merged map
+  describes the merged ids exactly (entry i is sequence id i). An input's
+  map may hold entries beyond its largest id (a request whose passes a
+  checkpoint had not reached), which is why its width is the map's length.
+  Inputs with and without a map are refused, naming both files, and so is
+  an input whose map cannot describe its passes (passes without seq tags).
+  A counts-only merge that carries no sequence tags carries no map either.
 * ``router_logits``: the first input's row (its pass index still points at
   the same pass, since the first input's passes come first).
 
@@ -47,7 +58,7 @@ import numpy as np
 
 from ..recording._f32display import format_f32_row
 from .capture_sequences import Sequences, layer_passes
-from .capture import Capture
+from .capture import Capture, Request, requests_key
 
 __all__ = ["check_mergeable", "dropped_sequences", "merge_captures", "sequence_width"]
 
@@ -64,7 +75,7 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
     """
     _check(inputs)
     first_name, first, _ = inputs[0]
-    with_sequences = first.trace is not None or all(seqs is not None for _, _, seqs in inputs)
+    with_sequences = first.trace is not None or all(_tagged(c, seqs is not None) for _, c, seqs in inputs)
     # Everything that can fail is computed before the text is assembled.
     counts = _summed(inputs)
     seq_phase = _sequences(inputs, counts) if with_sequences else None
@@ -84,6 +95,8 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
         parts.append(f',"seq":{_rows(seq)},"phase":{_rows(phase)}')
     if first.pilot_distance is not None:
         parts.append(f',"pilot_distance":[{",".join(map(str, first.pilot_distance))}]')
+    if seq_phase is not None and first.requests is not None:
+        parts.append(_requests_key(captures))
     parts.append("}")
     return "".join(parts)
 
@@ -93,7 +106,7 @@ def dropped_sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]]) ->
     some counts-only input has it (their merge then carries none); else None."""
     if inputs[0][1].trace is not None:
         return None
-    without = [name for name, _, seqs in inputs if seqs is None]
+    without = [name for name, capture, seqs in inputs if not _tagged(capture, seqs is not None)]
     return without if 0 < len(without) < len(inputs) else None
 
 
@@ -107,7 +120,8 @@ def _check(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> None:
                 f"passes ({listed}); a merged trace would hide the gap")
     first_name, first, _ = inputs[0]
     settings = {"trace": lambda c: c.trace is not None, "predictions (pilot probe)": lambda c: c.pred is not None,
-                "a router-logit row": lambda c: c.router_logits is not None}
+                "a router-logit row": lambda c: c.router_logits is not None,
+                "a requests map (the vLLM plugin's)": lambda c: c.requests is not None}
     for name, capture, _ in inputs[1:]:
         if capture.header != first.header:
             raise ValueError(
@@ -172,9 +186,11 @@ def check_mergeable(inputs: list[tuple[str, Capture]], widths: list[int], tagged
     """
     triples: list[tuple[str, Capture, Optional[Sequences]]] = [(name, capture, None) for name, capture in inputs]
     _check(triples)
+    for (name, capture), has_tags in zip(inputs, tagged):
+        _check_map(name, capture, has_tags)
     counts = _summed(triples)
     first = inputs[0][1]
-    if not (first.trace is not None or all(tagged)):
+    if not (first.trace is not None or all(_tagged(c, t) for (_, c), t in zip(inputs, tagged))):
         return False
     offset = 0
     for (name, _), width in zip(inputs, widths):
@@ -211,13 +227,14 @@ def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]],
     offset = 0
     seq_parts, phase_parts = [], []
     for name, capture, seqs in inputs:
+        _check_map(name, capture, seqs is not None)
         passes = layer_passes(capture)
         if seqs is None:
             seq = [np.zeros(n, dtype=np.int64) for n in passes]
             phase = [np.ones(n, dtype=np.int64) for n in passes]
         else:
             seq, phase = seqs
-        width = sequence_width(seq)
+        width = input_width(capture, seq)
         seq_parts.append([row + offset for row in seq])
         phase_parts.append(phase)
         offset = _shifted(name, offset, width)
@@ -225,6 +242,37 @@ def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]],
     layers = len(first.counts)
     _check_tag_count(first, counts, [sum(int(part[layer].shape[0]) for part in seq_parts) for layer in range(layers)])
     return _joined(seq_parts, layers), _joined(phase_parts, layers)
+
+
+def input_width(capture: Capture, seq: list[np.ndarray]) -> int:
+    """How many sequence ids an input takes in a merge: its ``requests`` map's length, else ``sequence_width``.
+
+    The loader guarantees a map covers every id of ``seq`` (its length is at least the largest id + 1).
+    """
+    return len(capture.requests) if capture.requests is not None else sequence_width(seq)
+
+
+def _tagged(capture: Capture, has_tags: bool) -> bool:
+    """Whether an input's passes are tagged for the merge: seq/phase present, or a requests map and no passes."""
+    return has_tags or (capture.requests is not None and not any(layer_passes(capture)))
+
+
+def _check_map(name: str, capture: Capture, has_tags: bool) -> None:
+    """Refuse an input whose requests map cannot describe its passes: passes without seq tags."""
+    if capture.requests is not None and not _tagged(capture, has_tags):
+        raise ValueError(
+            f"cannot merge {name}: it has a requests map but its passes carry no seq tags, so the map "
+            "describes none of them")
+
+
+def _requests_key(captures: list[Capture]) -> str:
+    """The merged ``,"requests":[...]`` key: each input's entries, seq shifted by the widths before it."""
+    entries, offset = [], 0
+    for capture in captures:
+        assert capture.requests is not None  # _check refused inputs with and without a map
+        entries.extend(Request(r.seq + offset, r.request, r.attempt, r.start, r.prompt) for r in capture.requests)
+        offset += len(capture.requests)
+    return requests_key(entries)
 
 
 def sequence_width(seq: list[np.ndarray]) -> int:

@@ -52,6 +52,14 @@ def parse_usize(text: str) -> Optional[int]:
     return value if value <= _USIZE_MAX else None
 
 
+def parse_seconds(raw: str) -> float:
+    """``raw`` as a float, NaN when it is not a number (so the caller's range check refuses it)."""
+    try:
+        return float(raw)
+    except ValueError:
+        return float("nan")
+
+
 def _warn(message: str) -> None:
     warn_caller(message)
 
@@ -97,10 +105,7 @@ def _checkpoint(environ: Mapping[str, str]) -> Optional[float]:
     raw = environ.get(CHECKPOINT)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
+    value = parse_seconds(raw)
     if not (0 < value < float("inf")):
         _warn(f"ignoring {CHECKPOINT}={raw!r}: not a positive number of seconds; the capture is written at the "
               "end only")

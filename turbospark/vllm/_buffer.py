@@ -5,7 +5,9 @@ tensor writes into preallocated buffers survive in the compiled graph (and
 in a captured CUDA graph). So each router's ``capture_fn`` does exactly two
 tensor writes and nothing else: the step's ids into its layer's rows of
 ``ids`` and the number of rows into ``rows``. The rows are read after the
-step, outside the compiled region (``_session``).
+step, outside the compiled region (``_session``). The buffer holds the
+routed layers only, slot i for the i-th routed layer (dense layers route
+nothing), so one ``min`` over ``rows`` checks every routed layer.
 """
 
 from __future__ import annotations
@@ -19,25 +21,25 @@ NOT_CALLED = -1
 
 
 class StaticBuffer:
-    """``ids`` (layers, capacity, top_k) int32 and ``rows`` (layers,) int64 on ``device``."""
+    """``ids`` (slots, capacity, top_k) int32 and ``rows`` (slots,) int64 on ``device``: one slot per routed layer."""
 
-    def __init__(self, num_layers: int, capacity: int, top_k: int, device: torch.device) -> None:
+    def __init__(self, slots: int, capacity: int, top_k: int, device: torch.device) -> None:
         self.capacity = capacity
-        self.ids = torch.zeros((num_layers, capacity, top_k), dtype=torch.int32, device=device)
-        self.rows = torch.full((num_layers,), NOT_CALLED, dtype=torch.int64, device=device)
+        self.ids = torch.zeros((slots, capacity, top_k), dtype=torch.int32, device=device)
+        self.rows = torch.full((slots,), NOT_CALLED, dtype=torch.int64, device=device)
 
-    def capture_fn(self, layer: int) -> "LayerCapture":
-        """The ``capture_fn`` of ``layer``'s router."""
-        return LayerCapture(self, layer)
+    def capture_fn(self, slot: int) -> "LayerCapture":
+        """The ``capture_fn`` of the router whose rows go to ``slot``."""
+        return LayerCapture(self, slot)
 
 
 class LayerCapture:
     """One router's ``capture_fn``: ids (n, top_k) into its static rows; graph-safe (tensor writes only)."""
 
-    def __init__(self, buffer: StaticBuffer, layer: int) -> None:
-        self.layer = layer
-        self.ids = buffer.ids[layer]
-        self.rows = buffer.rows[layer : layer + 1]
+    def __init__(self, buffer: StaticBuffer, slot: int) -> None:
+        self.slot = slot
+        self.ids = buffer.ids[slot]
+        self.rows = buffer.rows[slot : slot + 1]
 
     def __call__(self, topk_ids: torch.Tensor) -> None:
         n = topk_ids.shape[0]

@@ -15,12 +15,15 @@ def register() -> None:
     With ``TURBOSPARK_ROUTER_HIST`` unset or empty it does nothing (and costs
     one environment lookup). Otherwise it wraps the V1 worker's
     ``load_model`` (bind the routers' ``capture_fn`` before vLLM compiles the
-    model) and ``execute_model`` (hand each step's rows to the recorder).
+    model) and ``execute_model`` (hand each step's rows to the recorder),
+    and gives vLLM's process manager a grace period before it force-kills
+    the engine (``_shutdown``: the workers' final write must land).
     Raises nothing itself; a refused setup raises when the worker loads the
     model (see ``_session``).
     """
     if not os.environ.get(_env.HIST):
         return
-    from . import _worker
+    from . import _shutdown, _worker
 
     _worker.install()
+    _shutdown.install()

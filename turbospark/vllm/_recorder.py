@@ -10,9 +10,9 @@ file as they read any other.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from turbospark.analysis import capture
 from turbospark.recording.recorder import RouterHistogram
 
 __all__ = ["VllmRecorder", "requests_key"]
@@ -20,12 +20,7 @@ __all__ = ["VllmRecorder", "requests_key"]
 
 def requests_key(entries: list[Any]) -> bytes:
     """The ``,"requests":[...]`` JSON fragment for a list of ``Request`` entries."""
-    items = [
-        '{"seq":%d,"request":%s,"attempt":%d,"start":%d,"prompt":%d}'
-        % (e.seq, json.dumps(e.request, ensure_ascii=True), e.attempt, e.start, e.prompt)
-        for e in entries
-    ]
-    return (',"requests":[' + ",".join(items) + "]").encode("ascii")
+    return capture.requests_key(entries).encode("ascii")
 
 
 class VllmRecorder(RouterHistogram):

@@ -24,7 +24,7 @@ from turbospark.recording import _env
 from . import _checks, _signals
 from ._buffer import NOT_CALLED, StaticBuffer
 from ._recorder import VllmRecorder
-from ._requests import RequestTable
+from ._requests import RequestTable, StepTags
 
 __all__ = ["COMPILE_FACTOR", "DEFAULT_CHECKPOINT", "Session", "attach"]
 
@@ -117,9 +117,9 @@ def attach(worker: Any) -> Optional["Session"]:
     dp = int(getattr(config.parallel_config, "data_parallel_size", 1))
     capacity = int(scheduler.max_num_batched_tokens) * max(dp, 1)
     device = torch.device(worker.device) if getattr(worker, "device", None) is not None else torch.device("cpu")
-    buffer = StaticBuffer(num_layers, capacity, top_k, device)
-    for index, module in layers:
-        module.router.set_capture_fn(buffer.capture_fn(index))
+    buffer = StaticBuffer(len(layers), capacity, top_k, device)
+    for slot, (_, module) in enumerate(layers):
+        module.router.set_capture_fn(buffer.capture_fn(slot))
     _signals.write_before_exit(recorder)
     return Session(recorder, buffer, [index for index, _ in layers], worker, dp)
 
@@ -133,7 +133,8 @@ class Session:
         self.layers = layers
         self.table = RequestTable()
         recorder.request_entries = self.table.entries
-        self._worker = worker
+        # The runner is fixed for the worker's life; its input_batch is read every step (it can be rebuilt).
+        self._runner = worker.model_runner
         self._dp = dp
         if buffer.ids.device.type != "cpu":
             # The CUDA path (device staging without a host sync per step) is not built yet: refuse rather
@@ -142,23 +143,49 @@ class Session:
                 f"turbospark: the vLLM plugin records on the CPU backend only for now (this worker runs on "
                 f"{buffer.ids.device}); unset {_env.HIST}"
             )
-        self._ids = buffer.ids.numpy()
-        self._rows = buffer.rows.numpy()
+        ids = buffer.ids.numpy()
+        # The routed layers' row counts, and what resets them before a step (memoryviews: the cheapest
+        # reads and writes from Python).
+        self._rows = memoryview(buffer.rows.numpy())
+        self._reset = memoryview(buffer.rows.numpy().copy())
+        # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
+        self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
+        self._tags: Optional[StepTags] = None
+        self._calls: list[tuple[int, Any, Any, str]] = []
         self._last_step = 0.0
         self._dirty = False
         threading.Thread(target=_idle_writer, args=(weakref.ref(self),), name="turbospark-vllm-idle",
                          daemon=True).start()
 
     def after_step(self, scheduler_output: Any) -> None:
-        """Record the rows of the step that just ran; raises RuntimeError when a routed layer wrote none."""
-        total = int(scheduler_output.total_num_scheduled_tokens)
-        if total == 0 or self.recorder.closed:
+        """Record the rows of the step that just ran; raises RuntimeError when a routed layer wrote none.
+
+        Per step: the tags (``RequestTable.step``), one ``min`` over the routed
+        layers' row counts against the step's token count, and one ``record_batch``
+        per layer and phase run, whose arguments (views of the static buffer,
+        the run's sequence ids) are built once per distinct layout and reused
+        while steps repeat it.
+        """
+        total = scheduler_output.total_num_scheduled_tokens
+        if not total or self.recorder.closed:
             return
-        order = self._worker.model_runner.input_batch.req_ids
-        tags = self.table.step(scheduler_output, order)
+        tags = self.table.step(scheduler_output, self._runner.input_batch.req_ids)
         rows = self._rows
-        for layer in self.layers:
-            n = int(rows[layer])
+        if min(rows) < total or (self._dp > 1 and max(rows) != total):
+            self._refuse_rows(rows.tolist(), int(total))
+        rows[:] = self._reset
+        if tags is not self._tags:
+            self._tags = tags
+            self._calls = [(layer, block[start:stop], seq, phase)
+                           for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
+        record = self.recorder.record_batch
+        for layer, block, seq, phase in self._calls:
+            record(layer, block, seq=seq, phase=phase)
+        self._last_step = time.monotonic()
+        self._dirty = True
+
+    def _refuse_rows(self, seen: list[int], total: int) -> None:
+        for layer, n in zip(self.layers, seen):
             if n == NOT_CALLED:
                 raise RuntimeError(
                     f"turbospark: the router of MoE layer {layer} never called capture_fn in this step; "
@@ -169,16 +196,6 @@ class Session:
                     f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens "
                     f"(data_parallel_size={self._dp}); this dispatch layout is not supported"
                 )
-        rows.fill(NOT_CALLED)
-        seq = tags.seq
-        record = self.recorder.record_batch
-        ids = self._ids
-        for layer in self.layers:
-            block = ids[layer]
-            for start, stop, phase in tags.runs:
-                record(layer, block[start:stop], seq=seq[start:stop], phase=phase)
-        self._last_step = time.monotonic()
-        self._dirty = True
 
     def _write_if_idle(self) -> bool:
         """Write the capture when rows arrived and no step ran for IDLE_WRITE seconds; False once closed."""

@@ -1,11 +1,13 @@
 """Write the capture when vLLM's own SIGINT/SIGTERM handling begins, before anything can kill the worker.
 
-vLLM's worker and engine-core processes install handlers that raise
-``SystemExit`` on SIGINT and SIGTERM, and the API server force-kills them
-moments later on Ctrl-C: a capture left to ``atexit`` is then often lost.
-So the worker's handlers are wrapped (main thread, at model load, after vLLM
-installed them): the capture is written first, then vLLM's handler runs as
-before. A signal that would not end the process (ignored) is left alone;
+vLLM's worker processes install handlers that raise ``SystemExit`` on
+SIGINT and SIGTERM (the engine core's only flag a shutdown), and on Ctrl-C
+the whole process group gets the signal at once. So the worker's handlers
+are wrapped (main thread, at model load, after vLLM installed them): the
+capture is written first, synchronously, then vLLM's handler runs as
+before; every step the worker finished is in it. The write lands because
+``_shutdown`` keeps vLLM's process manager from SIGKILLing the engine and
+its workers in the same moment. A signal that would not end the process (ignored) is left alone;
 the write is atomic, and the recorder stays open, so a later exit path
 writes again with whatever came after.
 """
