@@ -41,10 +41,15 @@ import time
 LAYERS, EXPERTS, TOP_K, BLOCK = 60, 128, 8, 1024
 
 
-def _peak_mib() -> float:
-    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not carried over exec from the parent)."""
+def _status_mib(field: str) -> float:
+    """A /proc/self/status memory field in MiB: VmHWM (this process's peak: unlike ru_maxrss, not carried
+    over exec from the parent) or VmRSS (now)."""
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":")) / 1024
+
+
+def _peak_mib() -> float:
+    return _status_mib("VmHWM")
 
 
 def _record(path: str, passes: int, trace: object) -> dict[str, float]:
@@ -56,8 +61,7 @@ def _record(path: str, passes: int, trace: object) -> dict[str, float]:
     pool = [[np.argsort(rng.random((BLOCK, EXPERTS)), axis=1)[:, :TOP_K].astype(np.int64) for _ in range(16)]
             for _ in range(LAYERS)]
     hist = RouterHistogram(path, LAYERS, EXPERTS, TOP_K, trace=trace)
-    with open("/proc/self/status") as status:
-        before = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+    before = _status_mib("VmRSS")
     started = time.perf_counter()
     done = 0
     while done < passes:

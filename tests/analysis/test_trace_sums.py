@@ -228,15 +228,11 @@ def test_analyze_json_is_the_same_for_a_streamed_capture(tmp_path: Path, tagged:
 
 _ANALYZE_RSS = """
 from turbospark.analysis import trace_sums
-def peak():
-    # VmHWM, this process image's own peak: ru_maxrss starts from the forking parent's RSS.
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
 trace_sums.CHUNK_PASSES = 1 << 16  # several chunks per layer
 capture = turbospark.load(sys.argv[1])
-before = peak()
+before = peak_kib()
 turbospark.analyze(capture, caches=[16])
-print((peak() - before) // 1024)
+print((peak_kib() - before) // 1024)
 """
 
 

@@ -273,18 +273,14 @@ def test_the_environment_asks_for_a_stream(tmp_path: Path, monkeypatch: pytest.M
 
 _BOUNDED = """
 import numpy as np
-def peak_mib():
-    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the (large) pytest process that forked us.
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) // 1024
 path, trace = sys.argv[1], sys.argv[2]
 hist = R(path, 8, 128, 8, trace=True if trace == "memory" else trace)
 block = np.random.default_rng(0).integers(0, 128, (4096, 8))
 hist.record_many(0, block)  # warm: the first chunk's buffers exist
-before = peak_mib()
+before = peak_kib()
 for step in range(1220):  # 40 M ids: 160 MB in memory as uint32
     hist.record_many(step % 8, block)
-grown = peak_mib() - before
+grown = (peak_kib() - before) // 1024
 hist.close()
 print(grown)
 """
@@ -474,15 +470,12 @@ hist.close()
 """
 
 _LOAD_ALL = """
-def peak_mib():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) // 1024
-before = peak_mib()
+before = peak_kib()
 capture = turbospark.load(sys.argv[1])
 rows = 0
 for layer in range(capture.num_layers):
     rows += capture.trace[layer].shape[0]  # built, read, dropped (the capture keeps its last 4)
-print(peak_mib() - before, rows)
+print((peak_kib() - before) // 1024, rows)
 """
 
 
