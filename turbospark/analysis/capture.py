@@ -28,6 +28,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..recording._f32display import logits_member
+
 __all__ = ["Capture", "Request", "RouterLogits", "load", "loads", "requests_key"]
 
 # Keys whose values are L rows of non-negative integers.
@@ -64,6 +66,12 @@ class Request:
     attempt: int
     start: int
     prompt: int
+
+
+def logits_json(logits: RouterLogits) -> str:
+    """A loaded logit row's ``router_logits`` member, written back as the recorder wrote it."""
+    values = None if logits.values is None else logits.values.astype(np.float32)
+    return logits_member(logits.layer, logits.pass_index, values)
 
 
 def requests_key(entries: Iterable[Request], offset: int = 0) -> str:

@@ -18,8 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..recording._f32display import format_f32_row
-from .capture import Capture, requests_key
+from .capture import Capture, logits_json, requests_key
 
 __all__ = ["write_json"]
 
@@ -39,11 +38,8 @@ def write_json(capture: Capture, out: IO[bytes]) -> None:
     if capture.pred is not None:
         out.write(b',"pred":')
         _rows(out, capture.pred)
-    logits = capture.router_logits
-    if logits is not None:
-        values = "null" if logits.values is None else format_f32_row(logits.values.astype(np.float32))
-        out.write(f',"router_logits":{{"layer":{logits.layer},"pass":{logits.pass_index},"values":{values}}}'
-                  .encode("ascii"))
+    if capture.router_logits is not None:
+        out.write(logits_json(capture.router_logits).encode("ascii"))
     if capture.seq is not None and capture.phase is not None:
         out.write(b',"seq":')
         _rows(out, capture.seq)

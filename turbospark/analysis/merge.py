@@ -56,9 +56,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..recording._f32display import format_f32_row
 from .capture_sequences import Sequences, layer_passes
-from .capture import Capture, Request, requests_key
+from .capture import Capture, Request, logits_json, requests_key
 
 __all__ = ["check_mergeable", "dropped_sequences", "merge_captures", "sequence_width"]
 
@@ -87,9 +86,7 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
     if first.pred is not None:
         parts.append(f',"pred":{_rows(_joined([c.pred for c in captures], first.num_layers))}')
     if first.router_logits is not None:
-        logits = first.router_logits
-        values = "null" if logits.values is None else format_f32_row(logits.values.astype(np.float32))
-        parts.append(f',"router_logits":{{"layer":{logits.layer},"pass":{logits.pass_index},"values":{values}}}')
+        parts.append(logits_json(first.router_logits))
     if seq_phase is not None:
         seq, phase = seq_phase
         parts.append(f',"seq":{_rows(seq)},"phase":{_rows(phase)}')

@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Iterable
+from typing import Iterable, Optional
 
-__all__ = ["format_f32", "format_f32_row"]
+__all__ = ["format_f32", "format_f32_row", "logits_member"]
 
 _PACK_F = struct.Struct("<f").pack
 _UNPACK_I = struct.Struct("<I").unpack
@@ -226,3 +226,10 @@ def format_f32_row(values: Iterable[float]) -> str:
         else:
             append(format_f32(value))
     return "[" + ",".join(parts) + "]"
+
+
+def logits_member(layer: int, pass_: int, values: Optional[Iterable[float]]) -> str:
+    """``,"router_logits":{"layer":L,"pass":P,"values":[...]}``, as every capture writer emits it
+    (the recorder, merge, ``export --to json``); ``values`` None (the pass never came) is ``null``."""
+    row = "null" if values is None else format_f32_row(values)
+    return f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'

@@ -35,6 +35,11 @@ CHUNK_IDS = 1 << 20
 PENDING = 2
 
 
+def rows_in(ids: Optional[bytes], width: int) -> int:
+    """Rows of ``width`` uint32 ids in a taken buffer (``_take_chunk``'s trace or predictions bytes)."""
+    return len(ids or b"") // (4 * width) if width else 0
+
+
 class Written(NamedTuple):
     """What the sidecar holds after a flush: its size, and per layer the rows on disk and lost."""
 
@@ -133,8 +138,8 @@ class StreamWriter:
     def _lose(self, width: int, rows: Sequence[TakenRows], why: str) -> None:
         """Count a chunk that cannot be written as lost, and say why once per message."""
         for layer, (_, trace, pred, _, _, _) in enumerate(rows):
-            self._lost_passes[layer] += len(trace or b"") // (4 * width) if width else 0
-            self._lost_predictions[layer] += len(pred or b"") // (4 * width) if width else 0
+            self._lost_passes[layer] += rows_in(trace, width)
+            self._lost_predictions[layer] += rows_in(pred, width)
         message = f"[router-hist] FAILED streaming the trace to {self.path}: {why}"
         if message not in self._failures:
             self._failures.add(message)

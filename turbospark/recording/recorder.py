@@ -26,7 +26,7 @@ from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._destination import check_destination
-from ._f32display import format_f32_row
+from ._f32display import logits_member
 from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -371,13 +371,11 @@ class _Facade(_CoreBase):
         written = self._stream.flush()
         # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
         # taken after this one may already be on disk too; the reader recovers it.
-        passes = [first + len(trace or b"") // (4 * width) if width else first
-                  for first, trace, _, _, _, _ in rows]
+        passes = [first + _stream.rows_in(trace, width) for first, trace, _, _, _, _ in rows]
         stream = (f',"stream":{{"format":{_stream_format.VERSION},"file":"{_json_name(self._stream.path)}",'
                   f'"bytes":{written.size},"passes":{_ints(passes)}')
         if self.pilot_enabled():
-            predictions = [first + len(pred or b"") // (4 * width) if width else first
-                           for _, _, pred, _, _, first in rows]
+            predictions = [first + _stream.rows_in(pred, width) for _, _, pred, _, _, first in rows]
             stream += f',"predictions":{_ints(predictions)}'
         if any(written.lost_passes) or any(written.lost_predictions):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
@@ -610,9 +608,7 @@ def _logits_tail(capture: Any) -> bytes:
     """The ``router_logits`` member (values through ``_f32display``, Rust's f32 ``Display``), or nothing."""
     if capture is None:
         return b""
-    layer, pass_, values = capture
-    row = "null" if values is None else format_f32_row(values)
-    return f',"router_logits":{{"layer":{layer},"pass":{pass_},"values":{row}}}'.encode("ascii")
+    return logits_member(*capture).encode("ascii")
 
 
 def _ints(values: list[int]) -> str:
