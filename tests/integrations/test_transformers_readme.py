@@ -7,7 +7,6 @@ import io
 import shlex
 from typing import Any
 
-import pytest
 
 from childproc import run_python
 from conftest import require_module

@@ -9,7 +9,6 @@ process leaves a loadable capture no older than one interval.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import warnings

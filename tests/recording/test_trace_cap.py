@@ -8,7 +8,6 @@ counting every pass; the JSON carries ``"trace_cap"`` and ``"trace_dropped"``
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Callable
 

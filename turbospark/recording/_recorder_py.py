@@ -202,7 +202,7 @@ class RecorderCore:
             pad = first - tag_len
             _append(seq, tag_len, array("q", [_sequences.DEFAULT_SEQ] * pad))
             seq.frombytes(tags[0][:keep].astype(np.int64, copy=False).tobytes())
-            _append(self._phase[index], tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * keep))
+            _append(phase, tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * keep))
             tag_len = first + keep
         top_k = state.top_k or width
         self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows,

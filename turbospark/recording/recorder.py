@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 import numpy as np
 import numpy.typing as npt
 
-from . import _checkpoint, _convert, _env, _errors, _lifecycle, _paths, _sigterm, _stream, _stream_format
+from . import _checkpoint, _convert, _env, _lifecycle, _paths, _sigterm, _stream, _stream_format
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
