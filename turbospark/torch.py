@@ -578,15 +578,22 @@ def _write_rows(buffers: _Buffers, arange: torch.Tensor, call: _Call, ids: torch
         buffers.seq[part].fill_(0 if seq is None else seq)
 
 
-def _to_host(side: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Copy device tensors into (pinned) host tensors on the side stream and wait for them."""
+def _to_host(side: Any, pairs: list[tuple[torch.Tensor, torch.Tensor]], ready: Any = None) -> None:
+    """Copy device tensors into (pinned) host tensors on the side stream and wait for them.
+
+    ``ready``: an event recorded after the work that writes the sources (the
+    vLLM plugin's flush, which may run on another thread than that work);
+    default: what the calling thread's current stream has enqueued so far.
+    """
     if side is None:
         for host, dev in pairs:
             host.copy_(dev)
         return
-    # The side stream copies what the main stream has enqueued so far; the
-    # host waits for that copy only, and the buffers are reused after it.
-    side.wait_stream(torch.cuda.current_stream(side.device))
+    # The host waits for this copy only, and the buffers are reused after it.
+    if ready is None:
+        side.wait_stream(torch.cuda.current_stream(side.device))
+    else:
+        side.wait_event(ready)
     with torch.cuda.stream(side):
         for host, dev in pairs:
             host.copy_(dev, non_blocking=True)

@@ -16,9 +16,7 @@ torch = require_module("torch")
 
 import turbospark  # noqa: E402
 from turbospark.torch import COUNTS_ONLY_CAPACITY, DEFAULT_CAPACITY, DeviceRecorder, staging_bytes  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-aten = torch.ops.aten
+from host_reads import no_host_read  # noqa: E402,F401 -- a fixture
 
 
 # ------------------------------------------------------------------ exactness
@@ -129,51 +127,6 @@ def test_graph_region_rows_reach_the_recorder_in_order(make: Any) -> None:
 
 
 # ------------------------------------------------------------------ no host sync
-
-
-class _NoHostRead(TorchDispatchMode):
-    """Fails on every op that reads a tensor's data on the host or moves it between devices."""
-
-    FORBIDDEN = {
-        aten._local_scalar_dense, aten.item, aten.nonzero, aten.nonzero_static, aten.masked_select,
-        aten.equal, aten.is_nonzero, aten.allclose, aten.unique_consecutive, aten._unique2,
-        aten.repeat_interleave, aten.bincount, aten.masked_scatter, aten.to_dense,
-    }
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        packet = func.overloadpacket
-        if packet in self.FORBIDDEN:
-            raise AssertionError(f"host read of device data: {func}")
-        if packet in (aten.index, aten.index_put, aten.index_put_) and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())
-        ):
-            raise AssertionError(f"boolean-mask indexing (a host sync): {func}")
-        if packet in (aten._to_copy, aten.to) and "device" in kwargs:
-            raise AssertionError(f"a device transfer: {func}")
-        if packet in (aten.copy_, aten._copy_from) and args[0].device != args[1].device:
-            raise AssertionError(f"a copy between devices: {func}")
-        return func(*args, **kwargs)
-
-
-@pytest.fixture
-def no_host_read() -> Any:
-    """The dispatch mode, plus a patch of the tensor methods that read memory without dispatching."""
-
-    def refuse(name: str) -> Any:
-        def method(*args: Any, **kwargs: Any) -> Any:
-            raise AssertionError(f"host read of device data: Tensor.{name}")
-
-        return method
-
-    @contextlib.contextmanager
-    def guard() -> Any:
-        with pytest.MonkeyPatch.context() as patch, _NoHostRead():
-            for name in ("tolist", "numpy", "__array__", "item"):
-                patch.setattr(torch.Tensor, name, refuse(name))
-            yield
-
-    return guard
 
 
 def test_the_guard_catches_host_reads(no_host_read: Any) -> None:

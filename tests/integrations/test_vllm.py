@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -181,9 +183,6 @@ def test_streamed_capture_equals_the_in_memory_one(models: dict[str, str], tmp_p
     memory_head, _, memory_map = written.partition(',"requests":')
     assert head == memory_head
 
-    def engine_ids_cut(text: str) -> list[dict[str, Any]]:
-        return [dict(e, request=e["request"].rpartition("-")[0]) for e in json.loads(text[:-1])]
-
     assert engine_ids_cut(streamed_map) == engine_ids_cut(memory_map)
     assert [e.request for e in cap.requests] == [e["request"] for e in json.loads(streamed_map[:-1])]
 
@@ -242,6 +241,47 @@ def test_compiled_exact_and_cache_keyed(models: dict[str, str], tmp_path: pathli
     without_hook = keys() - with_hook
     # A graph compiled without the hook lives under another key: neither is ever loaded for the other.
     assert len(with_hook) == 1 and len(without_hook) == 1, (with_hook, without_hook)
+
+
+def engine_ids_cut(text: str) -> list[dict[str, Any]]:
+    """A ``requests`` map's entries with the engine ids' 8 random characters cut off."""
+    return [dict(e, request=e["request"].rpartition("-")[0]) for e in json.loads(text[:-1])]
+
+
+def test_device_staging_equals_the_direct_hand_over(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    """The GPU workers' hand-over, run on CPU: staged on the device, flushed by time, checkpoints and exit."""
+    engine = {"enforce_eager": True, "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
+              "max_model_len": 128, "enable_prefix_caching": False}
+    batches = [prompts(4, 30), prompts(3, 5, seed=1)]
+    staged_dir, direct_dir = tmp_path / "staged", tmp_path / "direct"
+    staged_dir.mkdir()
+    direct_dir.mkdir()
+    # Checkpoints every 0.1 s drain the staging area from their own thread while steps are staged.
+    cap, results, err = run_vllm(staged_dir, models["qwen3_moe"], batches, 8,  engine=engine,
+                                 env={"TURBOSPARK_VLLM_STAGING": "device", "TURBOSPARK_ROUTER_HIST_CHECKPOINT": "0.1"})
+    assert cap is not None, err
+    check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", staged_dir)
+    direct, direct_results, err = run_vllm(direct_dir, models["qwen3_moe"], batches, 8, engine=engine)
+    assert direct is not None, err
+    assert [r["output"] for r in direct_results] == [r["output"] for r in results]
+    staged_head, _, staged_map = (staged_dir / "cap.json").read_text().partition(',"requests":')
+    direct_head, _, direct_map = (direct_dir / "cap.json").read_text().partition(',"requests":')
+    assert staged_head == direct_head
+    assert engine_ids_cut(staged_map) == engine_ids_cut(direct_map)
+
+
+def test_device_staging_compiled_exact(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    cap, results, err = run_vllm(tmp_path, models["mixtral"], [prompts(3, 6)], 6, engine={"enforce_eager": False},
+                                 env={"TURBOSPARK_VLLM_STAGING": "device"})
+    assert cap is not None, err
+    check_exact(cap, results, models["mixtral"], "mixtral", tmp_path)
+
+
+def test_staging_setting_refused(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    cap, _, err = run_vllm(tmp_path, models["mixtral"], [prompts(1, 4)], 2, env={"TURBOSPARK_VLLM_STAGING": "gpu"})
+    assert cap is None
+    assert ("turbospark: TURBOSPARK_VLLM_STAGING='gpu': expected 'direct' or 'device' (or unset: 'direct' on this "
+            "cpu worker); or unset TURBOSPARK_ROUTER_HIST") in err
 
 
 def test_multiprocess_engine(models: dict[str, str], tmp_path: pathlib.Path) -> None:
@@ -497,3 +537,30 @@ def test_docs_llm_example(models: dict[str, str], tmp_path: pathlib.Path) -> Non
     printed = run_isolated([sys.executable, "-c", code], str(tmp_path), child_env(), 60)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout == expected
+
+
+class FakeMonolithicKernel:
+    """Stands for a quant method that routes inside its kernel (FlashInfer/TRT-LLM MoE, zentorch)."""
+
+
+@pytest.mark.parametrize("module, message", [
+    (dict(is_monolithic=True, routed_experts=SimpleNamespace(quant_method=FakeMonolithicKernel()), router=None),
+     "turbospark: MoE layer 3 runs a monolithic kernel (FakeMonolithicKernel: FlashInfer/TRT-LLM MoE on GPUs, "
+     "zentorch or int4 CPU experts) that routes inside the kernel and never calls capture_fn; choose a modular MoE "
+     "backend (moe_backend / --moe-backend, or an unquantized checkpoint), or unset TURBOSPARK_ROUTER_HIST to run "
+     "without recording"),
+    (dict(is_monolithic=False, router=SimpleNamespace()),
+     "turbospark: MoE layer 3 routes with SimpleNamespace, which is not a BaseRouter and offers no capture_fn; or "
+     "unset TURBOSPARK_ROUTER_HIST to run without recording"),
+], ids=["monolithic-kernel", "not-a-base-router"])
+def test_layers_the_hook_cannot_see_are_refused(module: dict[str, Any], message: str) -> None:
+    from turbospark.vllm import _checks
+
+    with warnings.catch_warnings():
+        # vLLM's import chain warns about torch.jit (which pytest here makes an error); not ours.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import vllm.model_executor.layers.fused_moe.router.base_router  # noqa: F401
+    with pytest.raises(_checks.Refused) as refused:
+        _checks.check_layer(SimpleNamespace(**module), 3)
+    assert str(refused.value) == message
+

@@ -12,26 +12,12 @@ from typing import Any
 import pytest
 
 from childproc import run_python
+from vllm_steps import new, step
 
 import turbospark
 from turbospark.vllm import _checks
 from turbospark.vllm._recorder import requests_key
 from turbospark.vllm._requests import RequestTable
-
-
-def new(req_id: str, prompt: int, computed: int = 0) -> Any:
-    return SimpleNamespace(req_id=req_id, prompt_token_ids=list(range(prompt)), num_computed_tokens=computed)
-
-
-def step(counts: dict[str, int], new_reqs: tuple[Any, ...] = (), cached: tuple[tuple[str, int], ...] = (),
-         finished: tuple[str, ...] = ()) -> Any:
-    return SimpleNamespace(
-        scheduled_new_reqs=list(new_reqs),
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _ in cached], num_computed_tokens=[c for _, c in cached]),
-        num_scheduled_tokens=counts,
-        total_num_scheduled_tokens=sum(counts.values()),
-        finished_req_ids=set(finished),
-    )
 
 
 def test_entry_point_is_registered() -> None:

@@ -3,14 +3,16 @@
 ``attach(worker)`` runs right after ``Worker.load_model``, before vLLM
 profiles, compiles or captures anything, so every graph it builds writes
 the ids into the static buffer. ``Session.after_step`` runs after
-``Worker.execute_model``, outside every compiled region: it reads the rows
-the step wrote, tags them from the step's ``SchedulerOutput`` and the
-runner's request order, and records them with ``record_batch``.
+``Worker.execute_model``, outside every compiled region: it tags the rows
+the step wrote from the step's ``SchedulerOutput`` and the runner's request
+order, and hands them to the recorder (``_handover``: read at once on a CPU
+worker, staged on the device without a host sync on any other).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import warnings
@@ -22,9 +24,10 @@ import torch
 from turbospark.recording import _env
 
 from . import _checks, _signals
-from ._buffer import NOT_CALLED, StaticBuffer
+from ._buffer import StaticBuffer
+from ._handover import DeviceStaging, Direct, choose
 from ._recorder import VllmRecorder
-from ._requests import RequestTable, StepTags
+from ._requests import RequestTable
 
 __all__ = ["COMPILE_FACTOR", "DEFAULT_CHECKPOINT", "Session", "attach"]
 
@@ -117,17 +120,19 @@ def attach(worker: Any) -> Optional["Session"]:
     dp = int(getattr(config.parallel_config, "data_parallel_size", 1))
     capacity = int(scheduler.max_num_batched_tokens) * max(dp, 1)
     device = torch.device(worker.device) if getattr(worker, "device", None) is not None else torch.device("cpu")
+    staging = choose(device, os.environ)
     buffer = StaticBuffer(len(layers), capacity, top_k, device)
     for slot, (_, module) in enumerate(layers):
         module.router.set_capture_fn(buffer.capture_fn(slot))
     _signals.write_before_exit(recorder)
-    return Session(recorder, buffer, [index for index, _ in layers], worker, dp)
+    return Session(recorder, buffer, [index for index, _ in layers], worker, dp, staging)
 
 
 class Session:
     """A worker's recorder, static buffer and request table; ``after_step`` is its one per-step call."""
 
-    def __init__(self, recorder: VllmRecorder, buffer: StaticBuffer, layers: list[int], worker: Any, dp: int) -> None:
+    def __init__(self, recorder: VllmRecorder, buffer: StaticBuffer, layers: list[int], worker: Any, dp: int,
+                 staging: str = "direct") -> None:
         self.recorder = recorder
         self.buffer = buffer
         self.layers = layers
@@ -135,67 +140,31 @@ class Session:
         recorder.request_entries = self.table.entries
         # The runner is fixed for the worker's life; its input_batch is read every step (it can be rebuilt).
         self._runner = worker.model_runner
-        self._dp = dp
-        if buffer.ids.device.type != "cpu":
-            # The CUDA path (device staging without a host sync per step) is not built yet: refuse rather
-            # than sync every step silently.
-            raise _checks.Refused(
-                f"turbospark: the vLLM plugin records on the CPU backend only for now (this worker runs on "
-                f"{buffer.ids.device}); unset {_env.HIST}"
-            )
-        ids = buffer.ids.numpy()
-        # The routed layers' row counts, and what resets them before a step (memoryviews: the cheapest
-        # reads and writes from Python).
-        self._rows = memoryview(buffer.rows.numpy())
-        self._reset = memoryview(buffer.rows.numpy().copy())
-        # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
-        self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
-        self._tags: Optional[StepTags] = None
-        self._calls: list[tuple[int, Any, Any, str]] = []
+        self.handover: Any
+        if staging == "device":
+            self.handover = DeviceStaging(recorder, buffer, layers, dp)
+        else:
+            self.handover = Direct(recorder, buffer, layers, dp)
         self._last_step = 0.0
         self._dirty = False
         threading.Thread(target=_idle_writer, args=(weakref.ref(self),), name="turbospark-vllm-idle",
                          daemon=True).start()
 
     def after_step(self, scheduler_output: Any) -> None:
-        """Record the rows of the step that just ran; raises RuntimeError when a routed layer wrote none.
+        """Hand the rows of the step that just ran to the recorder (``_handover``), tagged per request.
 
-        Per step: the tags (``RequestTable.step``), one ``min`` over the routed
-        layers' row counts against the step's token count, and one ``record_batch``
-        per layer and phase run, whose arguments (views of the static buffer,
-        the run's sequence ids) are built once per distinct layout and reused
-        while steps repeat it.
+        Per step: the tags (``RequestTable.step``), then the hand-over's
+        ``step``. Raises RuntimeError when a routed layer wrote too few rows
+        (on the device path, from the flush that reads the count).
         """
         total = scheduler_output.total_num_scheduled_tokens
         if not total or self.recorder.closed:
             return
         tags = self.table.step(scheduler_output, self._runner.input_batch.req_ids)
-        rows = self._rows
-        if min(rows) < total or (self._dp > 1 and max(rows) != total):
-            self._refuse_rows(rows.tolist(), int(total))
-        rows[:] = self._reset
-        if tags is not self._tags:
-            self._tags = tags
-            self._calls = [(layer, block[start:stop], seq, phase)
-                           for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
-        record = self.recorder.record_batch
-        for layer, block, seq, phase in self._calls:
-            record(layer, block, seq=seq, phase=phase)
-        self._last_step = time.monotonic()
+        now = time.monotonic()
+        self.handover.step(total, tags, now)
+        self._last_step = now
         self._dirty = True
-
-    def _refuse_rows(self, seen: list[int], total: int) -> None:
-        for layer, n in zip(self.layers, seen):
-            if n == NOT_CALLED:
-                raise RuntimeError(
-                    f"turbospark: the router of MoE layer {layer} never called capture_fn in this step; "
-                    "the capture would be silently incomplete"
-                )
-            if n < total or (n != total and self._dp > 1):
-                raise RuntimeError(
-                    f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens "
-                    f"(data_parallel_size={self._dp}); this dispatch layout is not supported"
-                )
 
     def _write_if_idle(self) -> bool:
         """Write the capture when rows arrived and no step ran for IDLE_WRITE seconds; False once closed."""

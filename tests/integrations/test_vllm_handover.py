@@ -1,0 +1,258 @@
+"""The vLLM plugin's two hand-overs on fake steps (no vLLM): device staging records exactly what the direct
+one records, never reads device data on the host between flushes, and reports a silent router at its flush.
+The CUDA-only tests (CUDA-graph capture of the capture hook, no sync under torch's sync debug mode) run where
+CUDA is present."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from conftest import require_module
+
+torch = require_module("torch")
+
+import turbospark  # noqa: E402
+from turbospark.vllm import _checks, _handover  # noqa: E402
+from turbospark.vllm._buffer import StaticBuffer  # noqa: E402
+from turbospark.vllm._handover import DeviceStaging, Direct, choose  # noqa: E402
+from turbospark.vllm._requests import RequestTable  # noqa: E402
+from host_reads import no_host_read  # noqa: E402,F401 -- a fixture
+from vllm_steps import engine_steps  # noqa: E402
+
+LAYERS = [0, 2, 3]  # routed decoder layers; layer 1 is dense
+NUM_LAYERS, EXPERTS, K, STEP_ROWS = 4, 16, 2, 32
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+
+
+class Engine:
+    """One fake worker: a recorder, its static buffer, a request table and a hand-over."""
+
+    def __init__(self, path: pathlib.Path, kind: str, device: str = "cpu", **options: Any) -> None:
+        self.recorder = turbospark.RouterHistogram(str(path), NUM_LAYERS, EXPERTS, K, trace=True)
+        self.buffer = StaticBuffer(len(LAYERS), STEP_ROWS, K, torch.device(device))
+        self.hooks = [self.buffer.capture_fn(slot) for slot in range(len(LAYERS))]
+        self.table = RequestTable()
+        cls = DeviceStaging if kind == "device" else Direct
+        self.handover = cls(self.recorder, self.buffer, LAYERS, 1, **options)
+
+    def forward(self, ids: Any, skip: Optional[int] = None) -> None:
+        """What the routers do inside the model: each hook gets its layer's (rows, top_k) ids."""
+        for slot, hook in enumerate(self.hooks):
+            if slot != skip:
+                hook(ids[slot])
+
+    def after(self, output: Any, order: list[str], now: float) -> None:
+        total = output.total_num_scheduled_tokens
+        if total:
+            self.handover.step(total, self.table.step(output, order), now)
+
+
+def routed(rng: Any, total: int, pad: int) -> np.ndarray:
+    """Per routed layer, ``total + pad`` rows of distinct top-k ids (pad: a CUDA graph's padded rows)."""
+    return np.stack([np.stack([rng.choice(EXPERTS, K, replace=False) for _ in range(total + pad)])
+                     for _ in LAYERS]).astype(np.int32)
+
+
+def run(engines: list[Engine], seed: int, count: int, clock: float = 0.3) -> int:
+    """The same steps through every engine, ``clock`` seconds apart; returns the steps run."""
+    rng = np.random.default_rng(seed + 100)
+    start = time.monotonic()
+    steps = engine_steps(seed, count)
+    for index, (output, order) in enumerate(steps):
+        total = output.total_num_scheduled_tokens
+        ids = routed(rng, total, int(rng.integers(0, 3)) if total < STEP_ROWS - 2 else 0)
+        for engine in engines:
+            engine.forward(torch.from_numpy(ids).to(engine.buffer.ids.device))
+            engine.after(output, order, start + index * clock)
+    return len(steps)
+
+
+@pytest.mark.parametrize("rows, flush_every, max_steps", [(None, 1.0, 1024), (40, 1e9, 1024), (STEP_ROWS, 0.0, 1024),
+                                                          (None, 1e9, 3)],
+                         ids=["by-time", "by-room", "every-step", "by-step-log"])
+def test_staged_capture_equals_the_direct_one(tmp_path: pathlib.Path, monkeypatch: Any, rows: Optional[int],
+                                              flush_every: float, max_steps: int) -> None:
+    monkeypatch.setattr(_handover, "MAX_STEPS", max_steps)
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", rows=rows, flush_every=flush_every)
+    flushes = []
+    to_host = staged.handover._to_host
+    monkeypatch.setattr(staged.handover, "_to_host", lambda n, m: (flushes.append(m), to_host(n, m)))
+    run([direct, staged], seed=1, count=60)
+    left = staged.handover.staged_steps
+    direct.recorder.close()
+    staged.recorder.close()  # its drain records what is still staged
+    assert (tmp_path / "staged.json").read_bytes() == (tmp_path / "direct.json").read_bytes()
+    passes = turbospark.load(tmp_path / "direct.json").trace[0].shape[0]
+    assert passes > 100 and sum(flushes) == 60 and flushes[-1] == left
+    assert len(flushes) > 3 and max(flushes) <= max_steps
+
+
+def test_staging_steps_never_read_device_data(tmp_path: pathlib.Path, no_host_read: Any) -> None:
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", flush_every=1e9)
+    rng = np.random.default_rng(5)
+    steps = engine_steps(5, 40)
+    for index, (output, order) in enumerate(steps):
+        ids = torch.from_numpy(routed(rng, output.total_num_scheduled_tokens, 1))
+        direct.forward(ids)
+        direct.after(output, order, index)
+        with no_host_read():
+            staged.forward(ids)
+            staged.after(output, order, index)
+    assert staged.handover.staged_steps == 40
+    staged.handover.flush()
+    assert staged.handover.staged_steps == 0
+    assert staged.recorder.to_json() == direct.recorder.to_json()
+    direct.recorder.discard()
+    staged.recorder.discard()
+
+
+def test_a_silent_router_is_reported_by_the_flush(tmp_path: pathlib.Path) -> None:
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", flush_every=1e9)
+    rng = np.random.default_rng(2)
+    steps = engine_steps(2, 6)
+    message = ("turbospark: the router of MoE layer 2 never called capture_fn in this step; "
+               "the capture would be silently incomplete")
+    for index, (output, order) in enumerate(steps):
+        ids = torch.from_numpy(routed(rng, output.total_num_scheduled_tokens, 0))
+        skip = 1 if index == 4 else None
+        direct.forward(ids, skip)
+        staged.forward(ids, skip)
+        if index == 4:
+            with pytest.raises(RuntimeError) as refused:
+                direct.after(output, order, index)
+            assert str(refused.value) == message
+        else:
+            direct.after(output, order, index)
+        staged.after(output, order, index)
+    with pytest.raises(RuntimeError) as refused:
+        staged.handover.flush()
+    assert str(refused.value) == message
+    # The four steps before the silent one were recorded; the ones from it on were dropped.
+    cut = Engine(tmp_path / "cut.json", "direct")
+    rng = np.random.default_rng(2)
+    for index, (output, order) in enumerate(steps[:4]):
+        cut.forward(torch.from_numpy(routed(rng, output.total_num_scheduled_tokens, 0)))
+        cut.after(output, order, index)
+    assert staged.recorder.to_json() == cut.recorder.to_json()
+    for engine in (direct, staged, cut):
+        engine.recorder.discard()
+
+
+def test_a_flush_inside_a_flush_is_skipped(tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    """What a SIGINT handler's write does mid-flush or mid-step (the same thread): no step recorded twice or half."""
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", rows=40, flush_every=1e9)
+    to_host = staged.handover._to_host
+    inner = []
+
+    def copy_and_reenter(n: int, m: int) -> None:
+        to_host(n, m)
+        # The steps are copied but not yet recorded: a second flush now would record them twice.
+        inner.append(staged.handover.staged_steps)
+        staged.handover.flush()
+
+    monkeypatch.setattr(staged.handover, "_to_host", copy_and_reenter)
+    run([direct, staged], seed=3, count=40)
+    staged.handover.flush()
+    assert len(inner) > 3 and min(inner) > 0 and staged.handover.staged_steps == 0
+    assert staged.recorder.to_json() == direct.recorder.to_json()
+    direct.recorder.discard()
+    staged.recorder.discard()
+
+
+def test_staging_area_holds_at_least_one_step(tmp_path: pathlib.Path) -> None:
+    recorder = turbospark.RouterHistogram(str(tmp_path / "x.json"), NUM_LAYERS, EXPERTS, K, trace=True)
+    buffer = StaticBuffer(len(LAYERS), STEP_ROWS, K, torch.device("cpu"))
+    with pytest.raises(ValueError) as refused:
+        DeviceStaging(recorder, buffer, LAYERS, 1, rows=STEP_ROWS - 1)
+    assert str(refused.value) == f"the staging area must hold one step ({STEP_ROWS} rows), got rows={STEP_ROWS - 1}"
+    # The default: STAGE_BYTES of ids.
+    assert DeviceStaging(recorder, buffer, LAYERS, 1).capacity == _handover.STAGE_BYTES // (len(LAYERS) * K * 4)
+    recorder.discard()
+
+
+@pytest.mark.parametrize("device, environ, expected", [
+    ("cpu", {}, "direct"), ("cuda", {}, "device"), ("cpu", {"TURBOSPARK_VLLM_STAGING": "device"}, "device"),
+    ("cpu", {"TURBOSPARK_VLLM_STAGING": ""}, "direct"), ("cuda", {"TURBOSPARK_VLLM_STAGING": "device"}, "device"),
+])
+def test_staging_choice(device: str, environ: dict[str, str], expected: str) -> None:
+    assert choose(torch.device(device), environ) == expected
+
+
+@pytest.mark.parametrize("device, raw, message", [
+    ("cpu", "gpu", "turbospark: TURBOSPARK_VLLM_STAGING='gpu': expected 'direct' or 'device' (or unset: 'direct' on "
+                   "this cpu worker); or unset TURBOSPARK_ROUTER_HIST"),
+    ("cuda", "direct", "turbospark: TURBOSPARK_VLLM_STAGING=direct reads the static buffer on the host after every "
+                       "step, a host sync per step on this cuda worker; unset TURBOSPARK_VLLM_STAGING (device "
+                       "staging), or unset TURBOSPARK_ROUTER_HIST"),
+])
+def test_staging_choice_refused(device: str, raw: str, message: str) -> None:
+    with pytest.raises(_checks.Refused) as refused:
+        choose(torch.device(device), {"TURBOSPARK_VLLM_STAGING": raw})
+    assert str(refused.value) == message
+
+
+# ------------------------------------------------------------------ CUDA
+
+
+@cuda
+def test_cuda_steps_never_sync(tmp_path: pathlib.Path) -> None:
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", device="cuda", flush_every=1e9)
+    rng = np.random.default_rng(7)
+    steps = engine_steps(7, 30)
+    inputs = [torch.from_numpy(routed(rng, output.total_num_scheduled_tokens, 1)) for output, _ in steps]
+    on_device = [ids.cuda() for ids in inputs]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for index, ((output, order), ids) in enumerate(zip(steps, on_device)):
+            staged.forward(ids)
+            staged.after(output, order, index)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for index, ((output, order), ids) in enumerate(zip(steps, inputs)):
+        direct.forward(ids)
+        direct.after(output, order, index)
+    staged.recorder.close()
+    direct.recorder.close()
+    assert (tmp_path / "staged.json").read_bytes() == (tmp_path / "direct.json").read_bytes()
+
+
+@cuda
+def test_cuda_graph_replays_write_the_static_buffer(tmp_path: pathlib.Path) -> None:
+    """The hook captured in a CUDA graph (as vLLM captures its decode steps), replayed step after step."""
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", device="cuda", flush_every=1e9, rows=STEP_ROWS * 2)
+    padded = 8
+    static = torch.zeros((len(LAYERS), padded, K), dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        staged.forward(static)  # warm-up outside the graph, as torch recommends
+        with torch.cuda.graph(graph):
+            staged.forward(static)
+    torch.cuda.current_stream().wait_stream(side)
+    staged.buffer.rows.fill_(-1)
+    rng = np.random.default_rng(9)
+    steps = [(output, order) for output, order in engine_steps(9, 40, chunk=1)
+             if output.total_num_scheduled_tokens <= padded]
+    for index, (output, order) in enumerate(steps):
+        ids = routed(rng, output.total_num_scheduled_tokens, padded - output.total_num_scheduled_tokens)
+        static.copy_(torch.from_numpy(ids))
+        graph.replay()
+        staged.after(output, order, index)
+        direct.forward(torch.from_numpy(ids))
+        direct.after(output, order, index)
+    staged.recorder.close()
+    direct.recorder.close()
+    assert len(steps) > 20
+    assert (tmp_path / "staged.json").read_bytes() == (tmp_path / "direct.json").read_bytes()

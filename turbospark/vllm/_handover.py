@@ -1,0 +1,230 @@
+"""After each step: the static buffer's rows to the recorder, read at once on the host or staged on the device.
+
+Both hand-overs take ``step(total, tags, now)`` once per step, outside every
+compiled or captured region, and record exactly the same calls in the same
+order (the tests run the same engine both ways and compare the files).
+
+``Direct`` (CPU workers, the default there): the static buffer lives in host
+memory, so the step's rows are read where they lie (numpy views) and
+recorded at once.
+
+``DeviceStaging`` (every non-CPU worker; on a CPU worker with
+``TURBOSPARK_VLLM_STAGING=device``, which is how the tests run this path
+without a GPU): reading a device buffer after each step would be a host sync
+per step. So a step only enqueues device work on the stream it ran on: every
+routed layer's rows of the step into a staging area (one copy), the layers'
+row counts into a per-step log (one copy), the counts reset (one fill), and
+an event. Its tags stay on the host. Nothing on the device is read until a
+flush: when the staging area or the step log is full, at the first step
+``FLUSH_EVERY`` seconds after the last flush, and before every write of the
+recorder (its drain: checkpoints, the idle write, the signal and exit
+writes). A flush copies the staged rows to pinned host memory on a side
+stream that waits on the last step's event (so it may run from any thread),
+waits for that copy (the one host sync, once per flush), and records the
+steps in order. A router that wrote too few rows is reported by the flush
+that reads its count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from turbospark.recording import _env
+from turbospark.torch import _to_host
+
+from . import _checks
+from ._buffer import NOT_CALLED, StaticBuffer
+from ._requests import StepTags
+
+__all__ = ["FLUSH_EVERY", "MAX_STEPS", "STAGE_BYTES", "STAGING", "DeviceStaging", "Direct", "choose", "check_rows"]
+
+STAGING = "TURBOSPARK_VLLM_STAGING"
+# Staged ids per flush at most (plus one step's worth when a step is larger):
+# 32 MiB on the device and 32 MiB pinned on the host.
+STAGE_BYTES = 32 << 20
+# Staged steps per flush at most (the row-count log's length).
+MAX_STEPS = 1024
+# Seconds between flushes while steps run: the checkpoint thread and a SIGKILL
+# see the device's rows at most this much (plus one step) late.
+FLUSH_EVERY = 1.0
+
+
+def check_rows(layers: list[int], seen: list[int], total: int, dp: int) -> None:
+    """Raise RuntimeError for the first routed layer whose row count does not cover a step of ``total`` tokens."""
+    for layer, n in zip(layers, seen):
+        if n == NOT_CALLED:
+            raise RuntimeError(
+                f"turbospark: the router of MoE layer {layer} never called capture_fn in this step; "
+                "the capture would be silently incomplete"
+            )
+        if n < total or (n != total and dp > 1):
+            raise RuntimeError(
+                f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens "
+                f"(data_parallel_size={dp}); this dispatch layout is not supported"
+            )
+
+
+def choose(device: torch.device, environ: Any) -> str:
+    """``"direct"`` or ``"device"`` for a worker on ``device``, from ``TURBOSPARK_VLLM_STAGING`` (empty: by device).
+
+    Raises ``_checks.Refused`` for another value, or ``direct`` on a non-CPU
+    worker (a host read of a device buffer would sync every step).
+    """
+    raw = environ.get(STAGING, "")
+    default = "direct" if device.type == "cpu" else "device"
+    choice = raw or default
+    if choice not in ("direct", "device"):
+        raise _checks.Refused(f"turbospark: {STAGING}={raw!r}: expected 'direct' or 'device' (or unset: {default!r} "
+                              f"on this {device.type} worker); or unset {_env.HIST}")
+    if choice == "direct" and device.type != "cpu":
+        raise _checks.Refused(
+            f"turbospark: {STAGING}=direct reads the static buffer on the host after every step, a host sync per "
+            f"step on this {device} worker; unset {STAGING} (device staging), or unset {_env.HIST}")
+    return choice
+
+
+class Direct:
+    """The CPU hand-over: each step's rows recorded from views of the host buffer, at once."""
+
+    def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int], dp: int) -> None:
+        self._recorder = recorder
+        self._layers = layers
+        self._dp = dp
+        ids = buffer.ids.numpy()
+        # The routed layers' row counts, and what resets them before a step (memoryviews: the cheapest
+        # reads and writes from Python).
+        self._rows = memoryview(buffer.rows.numpy())
+        self._reset = memoryview(buffer.rows.numpy().copy())
+        # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
+        self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
+        self._tags: Optional[StepTags] = None
+        self._calls: list[tuple[int, Any, Any, str]] = []
+
+    def step(self, total: int, tags: StepTags, now: float) -> None:
+        """One ``min`` over the row counts, then one ``record_batch`` per layer and phase run.
+
+        The calls' arguments (views of the static buffer, the run's sequence
+        ids) are built once per distinct layout and reused while steps repeat it.
+        """
+        rows = self._rows
+        if min(rows) < total or (self._dp > 1 and max(rows) != total):
+            check_rows(self._layers, rows.tolist(), total, self._dp)
+        rows[:] = self._reset
+        if tags is not self._tags:
+            self._tags = tags
+            self._calls = [(layer, block[start:stop], seq, phase)
+                           for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
+        record = self._recorder.record_batch
+        for layer, block, seq, phase in self._calls:
+            record(layer, block, seq=seq, phase=phase)
+
+
+class DeviceStaging:
+    """The device hand-over: steps staged with device copies only, recorded at each flush (see the module).
+
+    ``rows``: staged rows per flush (default: ``STAGE_BYTES`` worth, at least
+    one step); ``flush_every``: seconds between flushes while steps run.
+    """
+
+    def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int], dp: int, *,
+                 rows: Optional[int] = None, flush_every: float = FLUSH_EVERY) -> None:
+        slots, step_rows, top_k = buffer.ids.shape
+        if rows is None:
+            rows = max(step_rows, STAGE_BYTES // (slots * top_k * 4))
+        if rows < step_rows:
+            raise ValueError(f"the staging area must hold one step ({step_rows} rows), got rows={rows}")
+        self._recorder = recorder
+        self._buffer = buffer
+        self._layers = layers
+        self._dp = dp
+        self._flush_every = flush_every
+        self.capacity = rows
+        device = buffer.ids.device
+        self._device = device
+        cuda = device.type == "cuda"
+        with torch.inference_mode(False):
+            # Rows in step order, every layer's row beside the others: the staged part is one contiguous
+            # block, so its copy to the host is one plain (pinned, asynchronous) copy.
+            self._ids = torch.empty((rows, slots, top_k), dtype=torch.int32, device=device)
+            self._counts = torch.empty((MAX_STEPS, slots), dtype=torch.int64, device=device)
+            self._host_ids = torch.empty((rows, slots, top_k), dtype=torch.int32, pin_memory=cuda)
+            self._host_counts = torch.empty((MAX_STEPS, slots), dtype=torch.int64, pin_memory=cuda)
+        self._side = torch.cuda.Stream(device) if cuda else None
+        self._ready = torch.cuda.Event() if cuda else None
+        self._steps: list[tuple[int, int, StepTags]] = []
+        self._pos = 0
+        self._last_flush = time.monotonic()
+        # Reentrant, with a busy flag: a signal handler's write (the same thread, mid-step or mid-flush)
+        # must neither deadlock nor see half a step; it skips the flush and the exit path does it.
+        self._lock = threading.RLock()
+        self._busy = False
+        recorder._add_drain(self.flush)
+
+    @property
+    def staged_steps(self) -> int:
+        """Steps staged on the device and not yet recorded."""
+        return len(self._steps)
+
+    def step(self, total: int, tags: StepTags, now: float) -> None:
+        """Stage one step: three device ops and an event, no host read of device data."""
+        with self._lock:
+            self._busy = True
+            try:
+                if (self._pos + total > self.capacity or len(self._steps) == MAX_STEPS
+                        or now - self._last_flush >= self._flush_every):
+                    self._flush_staged(now)
+                at = self._pos
+                buffer = self._buffer
+                self._ids[at:at + total].copy_(buffer.ids[:, :total].transpose(0, 1))
+                self._counts[len(self._steps)].copy_(buffer.rows)
+                buffer.rows.fill_(NOT_CALLED)
+                if self._ready is not None:
+                    self._ready.record(torch.cuda.current_stream(self._device))
+                self._steps.append((at, total, tags))
+                self._pos = at + total
+            finally:
+                self._busy = False
+
+    def flush(self) -> None:
+        """Record every staged step, in order; the recorder's drain (before each of its writes)."""
+        with self._lock:
+            if self._busy:
+                return
+            self._busy = True
+            try:
+                self._flush_staged(time.monotonic())
+            finally:
+                self._busy = False
+
+    def _flush_staged(self, now: float) -> None:
+        self._last_flush = now
+        steps = self._steps
+        if not steps:
+            return
+        n, m = self._pos, len(steps)
+        self._to_host(n, m)
+        # One host transpose per flush: each layer's rows of a step become a contiguous slice.
+        ids = np.ascontiguousarray(self._host_ids[:n].numpy().transpose(1, 0, 2))
+        counts = self._host_counts[:m].numpy().copy()
+        self._steps = []
+        self._pos = 0
+        record = self._recorder.record_batch
+        layers, dp = self._layers, self._dp
+        for (at, total, tags), seen in zip(steps, counts):
+            if seen.min() < total or (dp > 1 and seen.max() != total):
+                check_rows(layers, seen.tolist(), total, dp)
+            for slot, layer in enumerate(layers):
+                block = ids[slot, at:at + total]
+                for start, stop, phase, seq in tags.pieces:
+                    record(layer, block[start:stop], seq=seq, phase=phase)
+
+    def _to_host(self, n: int, m: int) -> None:
+        # The side stream starts after the last staged step's copies (its event, recorded on the stream
+        # that step ran on), whichever thread flushes.
+        _to_host(self._side, [(self._host_ids[:n], self._ids[:n]), (self._host_counts[:m], self._counts[:m])],
+                 self._ready)
