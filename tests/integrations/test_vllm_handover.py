@@ -178,6 +178,18 @@ def test_staging_area_holds_at_least_one_step(tmp_path: pathlib.Path) -> None:
     recorder.discard()
 
 
+def test_a_buffer_built_in_inference_mode_is_staged_outside_it(tmp_path: pathlib.Path) -> None:
+    """A worker may load the model under torch.inference_mode; the hand-over resets the counts after it."""
+    direct = Engine(tmp_path / "direct.json", "direct")
+    with torch.inference_mode():
+        staged = Engine(tmp_path / "staged.json", "device", flush_every=0.0)
+    run([direct, staged], seed=4, count=10)
+    staged.handover.flush()
+    assert staged.recorder.to_json() == direct.recorder.to_json()
+    direct.recorder.discard()
+    staged.recorder.discard()
+
+
 @pytest.mark.parametrize("device, environ, expected", [
     ("cpu", {}, "direct"), ("cuda", {}, "device"), ("cpu", {"TURBOSPARK_VLLM_STAGING": "device"}, "device"),
     ("cpu", {"TURBOSPARK_VLLM_STAGING": ""}, "direct"), ("cuda", {"TURBOSPARK_VLLM_STAGING": "device"}, "device"),

@@ -25,8 +25,11 @@ class StaticBuffer:
 
     def __init__(self, slots: int, capacity: int, top_k: int, device: torch.device) -> None:
         self.capacity = capacity
-        self.ids = torch.zeros((slots, capacity, top_k), dtype=torch.int32, device=device)
-        self.rows = torch.full((slots,), NOT_CALLED, dtype=torch.int64, device=device)
+        with torch.inference_mode(False):
+            # Ordinary tensors, wherever the worker builds them: the device hand-over resets ``rows`` in
+            # place after the step, outside vLLM's inference mode, which an inference tensor would refuse.
+            self.ids = torch.zeros((slots, capacity, top_k), dtype=torch.int32, device=device)
+            self.rows = torch.full((slots,), NOT_CALLED, dtype=torch.int64, device=device)
 
     def capture_fn(self, slot: int) -> "LayerCapture":
         """The ``capture_fn`` of the router whose rows go to ``slot``."""
