@@ -255,8 +255,8 @@ def test_cuda_graph_replays_write_the_static_buffer(tmp_path: pathlib.Path) -> N
     torch.cuda.current_stream().wait_stream(side)
     staged.buffer.rows.fill_(-1)
     rng = np.random.default_rng(9)
-    steps = [(output, order) for output, order in engine_steps(9, 40, chunk=1)
-             if output.total_num_scheduled_tokens <= padded]
+    steps = engine_steps(9, 40, chunk=2)
+    assert max(output.total_num_scheduled_tokens for output, _ in steps) <= padded
     for index, (output, order) in enumerate(steps):
         ids = routed(rng, output.total_num_scheduled_tokens, padded - output.total_num_scheduled_tokens)
         static.copy_(torch.from_numpy(ids))
@@ -266,5 +266,4 @@ def test_cuda_graph_replays_write_the_static_buffer(tmp_path: pathlib.Path) -> N
         direct.after(output, order, index)
     staged.recorder.close()
     direct.recorder.close()
-    assert len(steps) > 20
     assert (tmp_path / "staged.json").read_bytes() == (tmp_path / "direct.json").read_bytes()
