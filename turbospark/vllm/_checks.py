@@ -34,11 +34,27 @@ def check_engine(worker: Any) -> None:
             "token, accepted or not, so rejected drafts would be recorded as passes; run without "
             f"--speculative-config, {_OFF}"
         )
-    pipeline = int(getattr(config.parallel_config, "pipeline_parallel_size", 1))
+    parallel = config.parallel_config
+    pipeline = int(getattr(parallel, "pipeline_parallel_size", 1))
     if pipeline > 1:
         raise Refused(
             f"turbospark: pipeline_parallel_size={pipeline}: each stage routes only its own layers and the "
             f"plugin writes whole-model captures; use pipeline_parallel_size=1, {_OFF}"
+        )
+    data = int(getattr(parallel, "data_parallel_size", 1))
+    if data > 1 and getattr(parallel, "use_sequence_parallel_moe", False):
+        raise Refused(
+            f"turbospark: sequence-parallel MoE is on (enable_expert_parallel with "
+            f"tensor_parallel_size={parallel.tensor_parallel_size}, data_parallel_size={data} and "
+            f"all2all_backend={parallel.all2all_backend!r}): each tensor-parallel rank routes its own share of the "
+            f"step's tokens and only TP rank 0 records; use tensor_parallel_size=1 or drop --enable-expert-parallel, "
+            f"{_OFF}"
+        )
+    if data > 1 and getattr(parallel, "use_ubatching", False):
+        raise Refused(
+            f"turbospark: micro-batching is on (enable_dbo={parallel.enable_dbo}, ubatch_size={parallel.ubatch_size}) "
+            f"with data_parallel_size={data}: each micro-batch routes its share of a step separately and writes the "
+            f"same rows, which only the last one's would hold; run without --enable-dbo and --ubatch-size, {_OFF}"
         )
 
 

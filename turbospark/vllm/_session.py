@@ -15,13 +15,13 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import torch
 
 from turbospark.recording import _env
 
-from . import _checks, _signals
+from . import _checks, _data_parallel, _signals
 from ._buffer import NOT_CALLED, StaticBuffer
 from ._recorder import VllmRecorder
 from ._requests import RequestTable, StepTags
@@ -148,6 +148,10 @@ class Session:
         # reads and writes from Python).
         self._rows = memoryview(buffer.rows.numpy())
         self._reset = memoryview(buffer.rows.numpy().copy())
+        # Data-parallel ranks: where this rank's rows start among those the routers wrote (_data_parallel).
+        self._dp = (_data_parallel.RankRows(self._runner, int(worker.vllm_config.parallel_config.data_parallel_rank),
+                                            self._rows, self._reset) if dp > 1 else None)
+        self._offset = 0
         # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
         self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
         self._tags: Optional[StepTags] = None
@@ -161,7 +165,9 @@ class Session:
         """Record the rows of the step that just ran; raises RuntimeError when a routed layer wrote none.
 
         Per step: the tags (``RequestTable.step``), one ``min`` over the routed
-        layers' row counts against the step's token count, and one ``record_batch``
+        layers' row counts against the step's token count (on a data-parallel
+        rank a ``min`` and a ``max`` against the step's per-rank token counts,
+        which place this rank's rows: ``_data_parallel``), and one ``record_batch``
         per layer and phase run, whose arguments (views of the static buffer,
         the run's sequence ids) are built once per distinct layout and reused
         while steps repeat it.
@@ -171,12 +177,17 @@ class Session:
             return
         tags = self.table.step(scheduler_output, self._runner.input_batch.req_ids)
         rows = self._rows
-        if min(rows) < total or (self._dp > 1 and max(rows) != total):
+        if self._dp is None:
+            offset: Optional[int] = 0 if min(rows) >= total else None
+        else:
+            offset = self._dp.offset(rows, total)
+        if offset is None:
             self._refuse_rows(rows.tolist(), int(total))
         rows[:] = self._reset
-        if tags is not self._tags:
+        if tags is not self._tags or offset != self._offset:
             self._tags = tags
-            self._calls = [(layer, block[start:stop], seq, phase)
+            self._offset = offset
+            self._calls = [(layer, block[offset + start:offset + stop], seq, phase)
                            for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
         record = self.recorder.record_batch
         for layer, block, seq, phase in self._calls:
@@ -184,18 +195,20 @@ class Session:
         self._last_step = time.monotonic()
         self._dirty = True
 
-    def _refuse_rows(self, seen: list[int], total: int) -> None:
+    def _refuse_rows(self, seen: list[int], total: int) -> NoReturn:
         for layer, n in zip(self.layers, seen):
             if n == NOT_CALLED:
                 raise RuntimeError(
                     f"turbospark: the router of MoE layer {layer} never called capture_fn in this step; "
                     "the capture would be silently incomplete"
                 )
-            if n < total or (n != total and self._dp > 1):
-                raise RuntimeError(
-                    f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens "
-                    f"(data_parallel_size={self._dp}); this dispatch layout is not supported"
-                )
+        if self._dp is not None:
+            raise RuntimeError(self._dp.refusal(seen, total))
+        layer, n = min(zip(self.layers, seen), key=lambda pair: pair[1])
+        raise RuntimeError(
+            f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens; "
+            "this dispatch layout is not supported"
+        )
 
     def _write_if_idle(self) -> bool:
         """Write the capture when rows arrived and no step ran for IDLE_WRITE seconds; False once closed."""
