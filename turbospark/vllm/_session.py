@@ -135,7 +135,6 @@ class Session:
         recorder.request_entries = self.table.entries
         # The runner is fixed for the worker's life; its input_batch is read every step (it can be rebuilt).
         self._runner = worker.model_runner
-        self._dp = dp
         if buffer.ids.device.type != "cpu":
             # The CUDA path (device staging without a host sync per step) is not built yet: refuse rather
             # than sync every step silently.
@@ -149,8 +148,10 @@ class Session:
         self._rows = memoryview(buffer.rows.numpy())
         self._reset = memoryview(buffer.rows.numpy().copy())
         # Data-parallel ranks: where this rank's rows start among those the routers wrote (_data_parallel).
-        self._dp = (_data_parallel.RankRows(self._runner, int(worker.vllm_config.parallel_config.data_parallel_rank),
-                                            self._rows, self._reset) if dp > 1 else None)
+        self._dp: Optional[_data_parallel.RankRows] = None
+        if dp > 1:
+            rank = int(worker.vllm_config.parallel_config.data_parallel_rank)
+            self._dp = _data_parallel.RankRows(self._runner, rank, self._rows, self._reset)
         self._offset = 0
         # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
         self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
