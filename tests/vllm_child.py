@@ -8,13 +8,22 @@ list of batches, each a list of prompts as token-id lists, generated one
 ``{"request", "prompt", "output"}`` object per request, then deletes the
 engine (the plugin's capture is written by then: the test checks it).
 The capture settings come from the environment, as a user would set them.
+
+Data-parallel ranks (vLLM's offline SPMD launch: one such child per rank,
+``VLLM_DP_RANK`` etc. in the environment) must all keep their engines until
+every rank is done, or a rank still generating loses its peers mid-collective:
+SPEC's ``done`` (a path this child creates after generating) and ``wait_for``
+(the paths of every rank's ``done``) hold the engine until then. Meanwhile an
+engine with nothing left to do keeps running dummy batches for the others.
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
+import time
 
 
 def main(spec_path: str) -> None:
@@ -34,6 +43,13 @@ def main(spec_path: str) -> None:
                             "output": list(out.outputs[0].token_ids)})
     with open(spec["out"], "w") as handle:
         json.dump(results, handle)
+    if "done" in spec:
+        open(spec["done"], "w").close()
+    deadline = time.monotonic() + 120
+    while not all(os.path.exists(path) for path in spec.get("wait_for", ())):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"vllm_child: the other ranks did not finish: {spec['wait_for']}")
+        time.sleep(0.05)
     if spec.get("delete", True):
         # Deleting the engine is an orderly shutdown: the capture must be on disk after it.
         del llm

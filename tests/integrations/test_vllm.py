@@ -27,7 +27,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from childproc import child_env, run_isolated
+from childproc import PACKAGE_ROOT, child_env, run_isolated
 from conftest import require_module
 from readme_blocks import block, documents, working_directory
 
@@ -67,20 +67,70 @@ def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]],
              timeout: float = 300) -> tuple[Any, list[dict[str, Any]], str]:
     """Run the child; returns (the capture loaded from ``read`` (default ``capture_path``) or None, the
     requests' tokens, stderr)."""
-    spec = tmp_path / "spec.json"
-    out = tmp_path / "out.json"
-    spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
-                                    max_tokens=max_tokens, out=str(out))))
-    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    if capture_path is not None:
-        extra.update({"TURBOSPARK_ROUTER_HIST": str(tmp_path / capture_path), "TURBOSPARK_ROUTER_TRACE": "1"})
-    extra.update(env or {})
-    proc = run_isolated([sys.executable, CHILD, str(spec)], str(tmp_path), child_env(extra), timeout)
+    argv, extra = _child(tmp_path, tmp_path, model, batches, max_tokens, engine, env, capture_path)
+    proc = run_isolated(argv, str(tmp_path), child_env(extra), timeout)
     if proc.returncode != 0:
         return None, [], proc.stderr
     assert "ENGINE-DELETED" in proc.stdout, proc.stdout
     cap = turbospark.load(tmp_path / (read or capture_path)) if capture_path is not None else None
-    return cap, json.loads(out.read_text()), proc.stderr
+    return cap, json.loads((tmp_path / "out.json").read_text()), proc.stderr
+
+
+def _child(tmp_path: pathlib.Path, work: pathlib.Path, model: str, batches: list[list[list[int]]], max_tokens: int,
+           engine: Optional[dict[str, Any]], env: Optional[dict[str, str]], capture_path: Optional[str],
+           **more: Any) -> tuple[list[str], dict[str, str]]:
+    """The child's argv and environment; its spec (``more``: further keys) and ``out.json`` live in ``work``,
+    the capture in ``tmp_path``."""
+    spec = work / "spec.json"
+    spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
+                                    max_tokens=max_tokens, out=str(work / "out.json"), **more)))
+    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    if capture_path is not None:
+        extra.update({"TURBOSPARK_ROUTER_HIST": str(tmp_path / capture_path), "TURBOSPARK_ROUTER_TRACE": "1"})
+    extra.update(env or {})
+    return [sys.executable, CHILD, str(spec)], extra
+
+
+def run_vllm_dp(tmp_path: pathlib.Path, model: str, batches: list[list[list[list[int]]]], max_tokens: int,
+                engine: Optional[dict[str, Any]] = None,
+                timeout: float = 240) -> tuple[list[Any], list[list[dict[str, Any]]], str]:
+    """One child per data-parallel rank (vLLM's offline SPMD launch: VLLM_DP_RANK/SIZE/MASTER_*), rank r
+    generating ``batches[r]``, all recording to ``cap-{rank}.json`` in ``tmp_path``. Returns (per rank: the
+    capture loaded from ``cap-R.json`` or None, the requests' tokens) and the ranks' logs.
+
+    Offline, the ranks' engines run one wave together: give each rank one batch (a rank's second batch
+    would start a wave its idle peers never join, and hang)."""
+    import concurrent.futures
+
+    size = len(batches)
+    plugins = tmp_path / "plugins" / "turbospark_test_cpu_collectives-0.dist-info"
+    plugins.mkdir(parents=True)
+    (plugins / "METADATA").write_text("Metadata-Version: 2.1\nName: turbospark-test-cpu-collectives\nVersion: 0\n")
+    (plugins / "entry_points.txt").write_text("[vllm.general_plugins]\ncpu_collectives = vllm_cpu_collectives:register\n")
+    common = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_DP_SIZE": str(size), "VLLM_DP_MASTER_IP": "127.0.0.1",
+              "VLLM_DP_MASTER_PORT": str(_free_port()), "VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, range(size))),
+              # The CPU communicator's missing uneven collectives (tests/vllm_cpu_collectives.py), as a vLLM plugin.
+              "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, str(TESTS), str(plugins.parent)])}
+    runs = []
+    # Every rank keeps its engine until all are done (tests/vllm_child.py).
+    done = [str(tmp_path / f"dp{rank}" / "done") for rank in range(size)]
+    for rank, mine in enumerate(batches):
+        work = tmp_path / f"dp{rank}"
+        work.mkdir()
+        rank_env = {**common, "VLLM_DP_RANK": str(rank), "VLLM_DP_RANK_LOCAL": str(rank)}
+        argv, extra = _child(tmp_path, work, model, mine, max_tokens, engine, rank_env, "cap-{rank}.json",
+                             done=done[rank], wait_for=done)
+        runs.append((argv, str(work), child_env(extra), timeout))
+    with concurrent.futures.ThreadPoolExecutor(size) as pool:
+        procs = list(pool.map(lambda run: run_isolated(*run), runs))
+    caps, results = [], []
+    for rank, proc in enumerate(procs):
+        ended = proc.returncode == 0 and "ENGINE-DELETED" in proc.stdout
+        caps.append(turbospark.load(tmp_path / f"cap-{rank}.json") if ended else None)
+        results.append(json.loads((tmp_path / f"dp{rank}" / "out.json").read_text()) if ended else [])
+    # vLLM logs to stdout: a rank's error is there.
+    return caps, results, "\n".join(f"--- rank {rank}:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+                                     for rank, proc in enumerate(procs))
 
 
 def reference_topk(model_dir: str, tokens: list[int], tmp_path: pathlib.Path) -> dict[int, np.ndarray]:
@@ -311,15 +361,59 @@ def test_tensor_parallel_ranks_record_once(models: dict[str, str], tmp_path: pat
     assert one is not None, err
     assert [r["output"] for r in one_results] == [r["output"] for r in results]
     # The same routing as TP=1, request by request, pass for pass (the steps may order requests otherwise).
-    def per_request(c: Any) -> dict[str, list[tuple[list[list[int]], list[int]]]]:
-        # Rows as sorted sets: vLLM's CPU top-k is unsorted.
-        return {e.request.rpartition("-")[0]: [([sorted(r) for r in c.trace[layer][c.seq[layer] == e.seq].tolist()],
-                                                c.phase[layer][c.seq[layer] == e.seq].tolist())
-                                               for layer in range(c.num_layers)] for e in c.requests}
-
     assert len(cap.requests) == len(one.requests) == 3
     assert per_request(cap) == per_request(one)
     assert cap.counts.tolist() == one.counts.tolist()
+
+
+def per_request(cap: Any, key: str = "request") -> dict[Any, list[tuple[list[list[int]], list[int]]]]:
+    """Per request (the caller's id, or with ``key="prompt"`` the prompt length), per layer: its rows as sorted
+    sets (vLLM's CPU top-k is unsorted) and their phases, in pass order."""
+    def name(entry: Any) -> Any:
+        return entry.request.rpartition("-")[0] if key == "request" else entry.prompt
+
+    return {name(e): [([sorted(r) for r in cap.trace[layer][cap.seq[layer] == e.seq].tolist()],
+                       cap.phase[layer][cap.seq[layer] == e.seq].tolist())
+                      for layer in range(cap.num_layers)] for e in cap.requests}
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a machine limit, not a dependency: DP=2 on vLLM's CPU "
+                    "backend binds each rank's OpenMP threads to its own core (VLLM_CPU_OMP_THREADS_BIND='0|1') "
+                    f"and this machine has {os.cpu_count()} core")
+def test_data_parallel_ranks_record_their_own_requests(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    """DP=2: each rank's file holds exactly its requests, exact against transformers; merged, the DP=1 run.
+
+    Rank 0 prefills three prompts 16 tokens a step, rank 1 one: once rank 1's request is done, it has
+    nothing scheduled and runs dummy batches to keep the collectives in lockstep while rank 0 still
+    steps, and those rows (its dummy token) must never be recorded."""
+    from turbospark.cli import main
+
+    asked = prompts(4, 20)  # 21..24 tokens: the prompt length names the request across runs
+    engine = {"enforce_eager": True, "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
+              "max_model_len": 128}
+    dp_dir, one_dir = tmp_path / "dp2", tmp_path / "dp1"
+    dp_dir.mkdir()
+    one_dir.mkdir()
+    caps, results, err = run_vllm_dp(dp_dir, models["qwen3_moe"], [[[asked[0], asked[2], asked[3]]], [[asked[1]]]], 6,
+                                     engine=engine)
+    assert all(cap is not None for cap in caps), err
+    # {rank} is the global rank: one file per DP rank, neither overwriting the other.
+    assert sorted(p.name for p in dp_dir.glob("cap-*")) == ["cap-0.json", "cap-1.json"]
+    for cap, mine in zip(caps, results):
+        check_exact(cap, mine, models["qwen3_moe"], "qwen3_moe", dp_dir)
+    assert [sorted(e.prompt for e in cap.requests) for cap in caps] == [[21, 23, 24], [22]]
+    one, one_results, err = run_vllm(one_dir, models["qwen3_moe"], [asked], 6, engine=engine)
+    assert one is not None, err
+    outputs = {len(r["prompt"]): r["output"] for rank in results for r in rank}
+    assert outputs == {len(r["prompt"]): r["output"] for r in one_results}
+    # Merged by the docs' line, the ranks' files are the DP=1 run's routing: counts, and request by request,
+    # pass for pass.
+    merge = next(line for line in block("turbospark merge cap-0.json cap-1.json").splitlines() if "merge" in line)
+    with working_directory(dp_dir):
+        assert main(shlex.split(merge.split("#")[0])[1:]) == 0
+    merged = turbospark.load(dp_dir / "all.json")
+    assert merged.counts.tolist() == one.counts.tolist()
+    assert per_request(merged, "prompt") == per_request(one, "prompt")
 
 
 def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) -> None:

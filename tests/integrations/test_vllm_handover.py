@@ -18,6 +18,7 @@ torch = require_module("torch")
 import turbospark  # noqa: E402
 from turbospark.vllm import _checks, _handover  # noqa: E402
 from turbospark.vllm._buffer import StaticBuffer  # noqa: E402
+from turbospark.vllm._data_parallel import RankRows  # noqa: E402
 from turbospark.vllm._handover import DeviceStaging, Direct, choose  # noqa: E402
 from turbospark.vllm._requests import RequestTable  # noqa: E402
 from host_reads import no_host_read  # noqa: E402,F401 -- a fixture
@@ -26,6 +27,15 @@ from vllm_steps import engine_steps  # noqa: E402
 LAYERS = [0, 2, 3]  # routed decoder layers; layer 1 is dense
 NUM_LAYERS, EXPERTS, K, STEP_ROWS = 4, 16, 2, 32
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
+
+
+class FakeRunner:
+    """The one runner method the data-parallel path wraps: its 4th result is the step's per-rank counts."""
+
+    across: Any = None
+
+    def _determine_batch_execution_and_padding(self, **kwargs: Any) -> tuple[Any, ...]:
+        return (None, None, False, self.across, None)
 
 
 class Engine:
@@ -37,7 +47,13 @@ class Engine:
         self.hooks = [self.buffer.capture_fn(slot) for slot in range(len(LAYERS))]
         self.table = RequestTable()
         cls = DeviceStaging if kind == "device" else Direct
-        self.handover = cls(self.recorder, self.buffer, LAYERS, 1, **options)
+        self.handover = cls(self.recorder, self.buffer, LAYERS, **options)
+        self.runner = FakeRunner()
+
+    def data_parallel(self, rank: int) -> "Engine":
+        """Make this a data-parallel rank's engine, as the session does."""
+        self.handover.ranks = RankRows(self.runner, rank, self.handover.mark_unwritten)
+        return self
 
     def forward(self, ids: Any, skip: Optional[int] = None) -> None:
         """What the routers do inside the model: each hook gets its layer's (rows, top_k) ids."""
@@ -171,11 +187,77 @@ def test_staging_area_holds_at_least_one_step(tmp_path: pathlib.Path) -> None:
     recorder = turbospark.RouterHistogram(str(tmp_path / "x.json"), NUM_LAYERS, EXPERTS, K, trace=True)
     buffer = StaticBuffer(len(LAYERS), STEP_ROWS, K, torch.device("cpu"))
     with pytest.raises(ValueError) as refused:
-        DeviceStaging(recorder, buffer, LAYERS, 1, rows=STEP_ROWS - 1)
+        DeviceStaging(recorder, buffer, LAYERS, rows=STEP_ROWS - 1)
     assert str(refused.value) == f"the staging area must hold one step ({STEP_ROWS} rows), got rows={STEP_ROWS - 1}"
     # The default: STAGE_BYTES of ids.
-    assert DeviceStaging(recorder, buffer, LAYERS, 1).capacity == _handover.STAGE_BYTES // (len(LAYERS) * K * 4)
+    assert DeviceStaging(recorder, buffer, LAYERS).capacity == _handover.STAGE_BYTES // (len(LAYERS) * K * 4)
     recorder.discard()
+
+
+def run_data_parallel(engines: list[Engine], gathered: list[bool], seed: int, count: int) -> None:
+    """DP rank 1 of 2: before each forward the runner reports [other rank's, this rank's padded] counts; the
+    routers then see this rank's rows (own) or both ranks' rows in rank order (gathered)."""
+    rng = np.random.default_rng(seed + 100)
+    for index, (output, order) in enumerate(engine_steps(seed, count)):
+        total = output.total_num_scheduled_tokens
+        counts = [int(rng.integers(1, 6)), total + int(rng.integers(0, 3))]
+        other = routed(rng, counts[0], 0)
+        mine = routed(rng, total, counts[1] - total)
+        for engine, gathers in zip(engines, gathered):
+            engine.runner.across = torch.tensor(counts, dtype=torch.int32)
+            engine.runner._determine_batch_execution_and_padding(num_tokens=counts[1])
+            engine.forward(torch.from_numpy(np.concatenate([other, mine], axis=1) if gathers else mine))
+            engine.after(output, order, index)
+
+
+@pytest.mark.parametrize("gathered", [False, True], ids=["own-rows", "gathered-rows"])
+def test_a_data_parallel_rank_records_its_own_rows(tmp_path: pathlib.Path, gathered: bool) -> None:
+    direct = Engine(tmp_path / "direct.json", "direct").data_parallel(1)
+    staged = Engine(tmp_path / "staged.json", "device", rows=40, gathered=gathered).data_parallel(1)
+    run_data_parallel([direct, staged], [gathered, gathered], seed=6, count=30)
+    # The rows of this rank alone, recorded by an engine without data parallelism.
+    alone = Engine(tmp_path / "alone.json", "direct")
+    rng = np.random.default_rng(106)
+    for index, (output, order) in enumerate(engine_steps(6, 30)):
+        total = output.total_num_scheduled_tokens
+        counts = [int(rng.integers(1, 6)), total + int(rng.integers(0, 3))]
+        routed(rng, counts[0], 0)
+        alone.forward(torch.from_numpy(routed(rng, total, counts[1] - total)))
+        alone.after(output, order, index)
+    staged.handover.flush()
+    assert direct.recorder.to_json() == alone.recorder.to_json()
+    assert staged.recorder.to_json() == alone.recorder.to_json()
+    for engine in (direct, staged, alone):
+        engine.recorder.discard()
+
+
+def test_a_data_parallel_layout_other_than_the_kernels_is_refused_by_the_flush(tmp_path: pathlib.Path) -> None:
+    # Placed as own rows (the layers' kernels said so), but the routers saw both ranks' rows.
+    staged = Engine(tmp_path / "staged.json", "device", gathered=False, flush_every=1e9).data_parallel(1)
+    run_data_parallel([staged], [True], seed=6, count=3)
+    with pytest.raises(RuntimeError) as refused:
+        staged.handover.flush()
+    assert str(refused.value).startswith("turbospark: data-parallel rank 1: the MoE layers routed [")
+    assert str(refused.value).endswith("this dispatch layout is not supported")
+    staged.recorder.discard()
+
+
+def test_a_data_parallel_step_without_counts_is_refused(tmp_path: pathlib.Path) -> None:
+    for kind, message in [
+        ("direct", "turbospark: data-parallel rank 1 ran a step of 4 tokens without the per-rank token counts "
+                   "(num_tokens_across_dp) vLLM's runner reports before each forward; the rows of the MoE layers "
+                   "([4, 4, 4]) cannot be attributed"),
+        ("device", "turbospark: data-parallel rank 1 ran a step of 4 tokens without the per-rank token counts "
+                   "(num_tokens_across_dp) vLLM's runner reports before each forward; its rows cannot be placed"),
+    ]:
+        engine = Engine(tmp_path / f"{kind}.json", kind).data_parallel(1)
+        output, order = engine_steps(0, 1)[0]
+        total = output.total_num_scheduled_tokens
+        engine.forward(torch.from_numpy(routed(np.random.default_rng(0), total, 0)))  # no batch decision reported
+        with pytest.raises(RuntimeError) as refused:
+            engine.after(output, order, 0)
+        assert str(refused.value) == message.replace("4 tokens", f"{total} tokens").replace("[4, 4, 4]", str([total] * 3))
+        engine.recorder.discard()
 
 
 def test_a_buffer_built_in_inference_mode_is_staged_outside_it(tmp_path: pathlib.Path) -> None:
@@ -209,6 +291,22 @@ def test_staging_choice_refused(device: str, raw: str, message: str) -> None:
     with pytest.raises(_checks.Refused) as refused:
         choose(torch.device(device), {"TURBOSPARK_VLLM_STAGING": raw})
     assert str(refused.value) == message
+
+
+def test_the_device_path_needs_one_data_parallel_layout() -> None:
+    from types import SimpleNamespace
+
+    from turbospark.vllm._session import _gathered
+
+    assert _gathered([(0, SimpleNamespace(do_naive_dispatch_combine=True))]) is True
+    assert _gathered([(0, SimpleNamespace()), (2, SimpleNamespace(do_naive_dispatch_combine=False))]) is False
+    with pytest.raises(_checks.Refused) as refused:
+        _gathered([(0, SimpleNamespace(do_naive_dispatch_combine=True)), (2, SimpleNamespace())])
+    assert str(refused.value) == (
+        "turbospark: with data parallelism the MoE layers [0] gather every rank's tokens before routing and the "
+        "others route their own: the device hand-over places a step's rows before it reads their counts, so it "
+        "needs one layout for every layer; use one MoE kernel for all layers, or unset TURBOSPARK_ROUTER_HIST to "
+        "run without recording")
 
 
 # ------------------------------------------------------------------ CUDA
@@ -267,3 +365,4 @@ def test_cuda_graph_replays_write_the_static_buffer(tmp_path: pathlib.Path) -> N
     staged.recorder.close()
     direct.recorder.close()
     assert (tmp_path / "staged.json").read_bytes() == (tmp_path / "direct.json").read_bytes()
+

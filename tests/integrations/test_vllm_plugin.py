@@ -16,6 +16,7 @@ from vllm_steps import new, step
 
 import turbospark
 from turbospark.vllm import _checks
+from turbospark.vllm._data_parallel import RankRows, own_offset
 from turbospark.vllm._recorder import requests_key
 from turbospark.vllm._requests import RequestTable
 
@@ -115,7 +116,11 @@ def test_shutdown_grace_refuses_a_bad_value(raw: str) -> None:
 
 
 def worker(**overrides: Any) -> Any:
-    parallel = SimpleNamespace(pipeline_parallel_size=overrides.pop("pp", 1))
+    parallel = SimpleNamespace(pipeline_parallel_size=overrides.pop("pp", 1), data_parallel_size=overrides.pop("dp", 1),
+                               tensor_parallel_size=overrides.pop("tp", 1), all2all_backend="allgather_reducescatter",
+                               use_sequence_parallel_moe=overrides.pop("sp", False), enable_dbo=overrides.pop("dbo", False),
+                               ubatch_size=0)
+    parallel.use_ubatching = parallel.enable_dbo
     config = SimpleNamespace(speculative_config=overrides.pop("spec", None), parallel_config=parallel)
     return SimpleNamespace(vllm_config=config, use_v2_model_runner=overrides.pop("v2", False))
 
@@ -133,6 +138,15 @@ def worker(**overrides: Any) -> Any:
         (dict(pp=2), "turbospark: pipeline_parallel_size=2: each stage routes only its own layers and the plugin "
                      "writes whole-model captures; use pipeline_parallel_size=1, or unset TURBOSPARK_ROUTER_HIST to "
                      "run without recording"),
+        (dict(dp=2, tp=2, sp=True),
+         "turbospark: sequence-parallel MoE is on (enable_expert_parallel with tensor_parallel_size=2, "
+         "data_parallel_size=2 and all2all_backend='allgather_reducescatter'): each tensor-parallel rank routes its own "
+         "share of the step's tokens and only TP rank 0 records; use tensor_parallel_size=1 or drop "
+         "--enable-expert-parallel, or unset TURBOSPARK_ROUTER_HIST to run without recording"),
+        (dict(dp=2, dbo=True),
+         "turbospark: micro-batching is on (enable_dbo=True, ubatch_size=0) with data_parallel_size=2: each "
+         "micro-batch routes its share of a step separately and writes the same rows, which only the last one's would "
+         "hold; run without --enable-dbo and --ubatch-size, or unset TURBOSPARK_ROUTER_HIST to run without recording"),
     ],
 )
 def test_refusals_name_the_setting(setup: dict[str, Any], message: str) -> None:
@@ -143,6 +157,88 @@ def test_refusals_name_the_setting(setup: dict[str, Any], message: str) -> None:
 
 def test_supported_engine_passes() -> None:
     assert _checks.check_engine(worker()) is None
+    # Data parallel alone, and micro-batching or sequence-parallel flags that only act with it, pass.
+    assert _checks.check_engine(worker(dp=2)) is None
+    assert _checks.check_engine(worker(dbo=True)) is None
+
+
+@pytest.mark.parametrize(
+    "low, high, total, counts, rank, offset",
+    [
+        # Local rows (a modular kernel routes before its dispatch): this rank's part, padded or not.
+        (7, 7, 7, [7, 8], 0, 0),
+        (8, 8, 8, [7, 8], 1, 0),
+        (16, 16, 13, [16, 16], 1, 0),
+        # Gathered rows (the runner's naive dispatch): every rank's part in DP-rank order.
+        (15, 15, 7, [7, 8], 0, 0),
+        (15, 15, 8, [7, 8], 1, 7),
+        (12, 12, 1, [10, 1, 1], 2, 11),
+        # Gathered and padded to the largest part (CUDA graphs): this rank's tokens open its part.
+        (48, 48, 3, [16, 16, 16], 2, 32),
+        (48, 48, 16, [16, 16, 16], 1, 16),
+        # The other ranks have no rows: both layouts are the same rows.
+        (5, 5, 5, [0, 5], 1, 0),
+    ],
+)
+def test_data_parallel_offset(low: int, high: int, total: int, counts: list[int], rank: int, offset: int) -> None:
+    assert own_offset(low, high, total, counts, rank) == offset
+
+
+@pytest.mark.parametrize(
+    "low, high, total, counts, rank",
+    [
+        (7, 15, 7, [7, 8], 0),  # the layers disagree
+        (-1, 15, 8, [7, 8], 1),  # a layer never called capture_fn
+        (7, 7, 8, [7, 8], 0),  # fewer rows than the step's tokens
+        (15, 15, 8, [7, 7], 1),  # this rank's part is shorter than the step
+        (14, 14, 7, [7, 8], 0),  # neither this rank's part nor all of them
+        (7, 7, 7, None, 0),  # the step reported no counts
+    ],
+)
+def test_data_parallel_offset_refused(low: int, high: int, total: int, counts: Any, rank: int) -> None:
+    assert own_offset(low, high, total, counts, rank) is None
+
+
+def test_data_parallel_rows_of_each_forward() -> None:
+    import numpy as np
+
+    class Runner:
+        across: Any = np.array([7, 8], dtype=np.int32)
+
+        def _determine_batch_execution_and_padding(self, **kwargs: Any) -> tuple[Any, ...]:
+            return ("mode", "descriptor", False, self.across, kwargs)
+
+    runner = Runner()
+    rows = memoryview(np.array([9, 9], dtype=np.int64))
+    not_written = memoryview(np.full(2, -1, dtype=np.int64))
+    def mark_unwritten() -> None:
+        rows[:] = not_written
+
+    ranks = RankRows(runner, 1, mark_unwritten)
+    # The runner's answer passes through; the counts are noted and every layer's rows marked unwritten.
+    assert runner._determine_batch_execution_and_padding(num_tokens=8) == ("mode", "descriptor", False, runner.across,
+                                                                           {"num_tokens": 8})
+    assert rows.tolist() == [-1, -1]
+    rows[:] = memoryview(np.array([15, 15], dtype=np.int64))
+    assert ranks.offset(rows, 8) == 7
+    # A step takes the counts of the forward before it, once: a step without a forward places nothing.
+    assert ranks.offset(rows, 8) is None
+    assert ranks.refusal([15, 15], 8) == (
+        "turbospark: data-parallel rank 1 ran a step of 8 tokens without the per-rank token counts "
+        "(num_tokens_across_dp) vLLM's runner reports before each forward; the rows of the MoE layers ([15, 15]) "
+        "cannot be attributed")
+    runner._determine_batch_execution_and_padding(num_tokens=8)
+    rows[:] = memoryview(np.array([14, 14], dtype=np.int64))
+    assert ranks.offset(rows, 8) is None
+    assert ranks.refusal(rows.tolist(), 8) == (
+        "turbospark: data-parallel rank 1: the MoE layers routed [14, 14] rows for a step of 8 tokens, with [7, 8] "
+        "tokens per DP rank: neither this rank's own rows (8) nor every rank's gathered rows (15); this dispatch "
+        "layout is not supported")
+    # A dummy batch (an idle rank keeping the collectives in lockstep) runs a forward too: its rows are
+    # unwritten for the next step until that step's forward writes them.
+    Runner.across = np.array([1, 1], dtype=np.int32)
+    runner._determine_batch_execution_and_padding(num_tokens=1)
+    assert rows.tolist() == [-1, -1]
 
 
 CAPTURE = ('{"num_layers":1,"num_experts":4,"top_k":1,"counts":[[1,1,1,0]],"trace":[[0,1,2]],'

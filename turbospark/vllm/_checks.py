@@ -10,9 +10,9 @@ from typing import Any
 
 from turbospark.recording import _env
 
-__all__ = ["Refused", "check_engine", "check_layer"]
+__all__ = ["OFF", "Refused", "check_engine", "check_layer"]
 
-_OFF = f"or unset {_env.HIST} to run without recording"
+OFF = f"or unset {_env.HIST} to run without recording"
 
 
 class Refused(RuntimeError):
@@ -26,19 +26,35 @@ def check_engine(worker: Any) -> None:
         raise Refused(
             "turbospark: vLLM's V2 model runner is in use (VLLM_USE_V2_MODEL_RUNNER, the default on GPUs with "
             "Triton): the plugin reads each step's token order from the V1 runner, so it cannot tag the V2 "
-            f"runner's rows; set VLLM_USE_V2_MODEL_RUNNER=0, {_OFF}"
+            f"runner's rows; set VLLM_USE_V2_MODEL_RUNNER=0, {OFF}"
         )
     if getattr(config, "speculative_config", None) is not None:
         raise Refused(
             "turbospark: speculative decoding is on (speculative_config): the target model routes every draft "
             "token, accepted or not, so rejected drafts would be recorded as passes; run without "
-            f"--speculative-config, {_OFF}"
+            f"--speculative-config, {OFF}"
         )
-    pipeline = int(getattr(config.parallel_config, "pipeline_parallel_size", 1))
+    parallel = config.parallel_config
+    pipeline = int(getattr(parallel, "pipeline_parallel_size", 1))
     if pipeline > 1:
         raise Refused(
             f"turbospark: pipeline_parallel_size={pipeline}: each stage routes only its own layers and the "
-            f"plugin writes whole-model captures; use pipeline_parallel_size=1, {_OFF}"
+            f"plugin writes whole-model captures; use pipeline_parallel_size=1, {OFF}"
+        )
+    data = int(getattr(parallel, "data_parallel_size", 1))
+    if data > 1 and getattr(parallel, "use_sequence_parallel_moe", False):
+        raise Refused(
+            f"turbospark: sequence-parallel MoE is on (enable_expert_parallel with "
+            f"tensor_parallel_size={parallel.tensor_parallel_size}, data_parallel_size={data} and "
+            f"all2all_backend={parallel.all2all_backend!r}): each tensor-parallel rank routes its own share of the "
+            f"step's tokens and only TP rank 0 records; use tensor_parallel_size=1 or drop --enable-expert-parallel, "
+            f"{OFF}"
+        )
+    if data > 1 and getattr(parallel, "use_ubatching", False):
+        raise Refused(
+            f"turbospark: micro-batching is on (enable_dbo={parallel.enable_dbo}, ubatch_size={parallel.ubatch_size}) "
+            f"with data_parallel_size={data}: each micro-batch routes its share of a step separately and writes the "
+            f"same rows, which only the last one's would hold; run without --enable-dbo and --ubatch-size, {OFF}"
         )
 
 
@@ -51,11 +67,11 @@ def check_layer(module: Any, index: int) -> None:
         raise Refused(
             f"turbospark: MoE layer {index} runs a monolithic kernel ({kernel}: FlashInfer/TRT-LLM MoE on GPUs, "
             "zentorch or int4 CPU experts) that routes inside the kernel and never calls capture_fn; choose a "
-            f"modular MoE backend (moe_backend / --moe-backend, or an unquantized checkpoint), {_OFF}"
+            f"modular MoE backend (moe_backend / --moe-backend, or an unquantized checkpoint), {OFF}"
         )
     router = getattr(module, "router", None)
     if not isinstance(router, BaseRouter):
         raise Refused(
             f"turbospark: MoE layer {index} routes with {type(router).__name__}, which is not a BaseRouter "
-            f"and offers no capture_fn; {_OFF}"
+            f"and offers no capture_fn; {OFF}"
         )

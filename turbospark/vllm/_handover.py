@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import numpy as np
 import torch
@@ -38,10 +38,11 @@ from turbospark.recording import _env
 from turbospark.torch import _to_host
 
 from . import _checks
+from ._data_parallel import RankRows, describe
 from ._buffer import NOT_CALLED, StaticBuffer
 from ._requests import StepTags
 
-__all__ = ["FLUSH_EVERY", "MAX_STEPS", "STAGE_BYTES", "STAGING", "DeviceStaging", "Direct", "choose", "check_rows"]
+__all__ = ["FLUSH_EVERY", "MAX_STEPS", "STAGE_BYTES", "STAGING", "DeviceStaging", "Direct", "choose", "refuse_rows"]
 
 STAGING = "TURBOSPARK_VLLM_STAGING"
 # Staged ids per flush at most (plus one step's worth when a step is larger):
@@ -54,19 +55,25 @@ MAX_STEPS = 1024
 FLUSH_EVERY = 1.0
 
 
-def check_rows(layers: list[int], seen: list[int], total: int, dp: int) -> None:
-    """Raise RuntimeError for the first routed layer whose row count does not cover a step of ``total`` tokens."""
+def refuse_rows(layers: list[int], seen: list[int], total: int, data_parallel: Optional[str] = None) -> NoReturn:
+    """Raise RuntimeError for a step whose row counts ``seen`` (one per routed layer) cannot be recorded.
+
+    ``data_parallel``: a data-parallel rank's reason (``_data_parallel.describe``),
+    used unless a layer never called ``capture_fn`` at all.
+    """
     for layer, n in zip(layers, seen):
         if n == NOT_CALLED:
             raise RuntimeError(
                 f"turbospark: the router of MoE layer {layer} never called capture_fn in this step; "
                 "the capture would be silently incomplete"
             )
-        if n < total or (n != total and dp > 1):
-            raise RuntimeError(
-                f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens "
-                f"(data_parallel_size={dp}); this dispatch layout is not supported"
-            )
+    if data_parallel is not None:
+        raise RuntimeError(data_parallel)
+    layer, n = min(zip(layers, seen), key=lambda pair: pair[1])
+    raise RuntimeError(
+        f"turbospark: the router of MoE layer {layer} routed {n} rows for a step of {total} tokens; "
+        "this dispatch layout is not supported"
+    )
 
 
 def choose(device: torch.device, environ: Any) -> str:
@@ -89,12 +96,16 @@ def choose(device: torch.device, environ: Any) -> str:
 
 
 class Direct:
-    """The CPU hand-over: each step's rows recorded from views of the host buffer, at once."""
+    """The CPU hand-over: each step's rows recorded from views of the host buffer, at once.
 
-    def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int], dp: int) -> None:
+    ``ranks``: a data-parallel rank's ``RankRows`` (set by the session), else None.
+    """
+
+    ranks: Optional[RankRows] = None
+
+    def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int]) -> None:
         self._recorder = recorder
         self._layers = layers
-        self._dp = dp
         ids = buffer.ids.numpy()
         # The routed layers' row counts, and what resets them before a step (memoryviews: the cheapest
         # reads and writes from Python).
@@ -103,21 +114,34 @@ class Direct:
         # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
         self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
         self._tags: Optional[StepTags] = None
+        self._offset = 0
         self._calls: list[tuple[int, Any, Any, str]] = []
 
+    def mark_unwritten(self) -> None:
+        """Mark every routed layer's rows unwritten (before a data-parallel rank's forward)."""
+        self._rows[:] = self._reset
+
     def step(self, total: int, tags: StepTags, now: float) -> None:
-        """One ``min`` over the row counts, then one ``record_batch`` per layer and phase run.
+        """One ``min`` over the row counts (a ``max`` too on a DP rank), then one ``record_batch`` per layer and run.
 
         The calls' arguments (views of the static buffer, the run's sequence
-        ids) are built once per distinct layout and reused while steps repeat it.
+        ids) are built once per distinct layout and offset, and reused while
+        steps repeat it.
         """
         rows = self._rows
-        if min(rows) < total or (self._dp > 1 and max(rows) != total):
-            check_rows(self._layers, rows.tolist(), total, self._dp)
+        ranks = self.ranks
+        if ranks is None:
+            offset: Optional[int] = 0 if min(rows) >= total else None
+        else:
+            offset = ranks.offset(rows, total)
+        if offset is None:
+            seen = rows.tolist()
+            refuse_rows(self._layers, seen, total, None if ranks is None else ranks.refusal(seen, total))
         rows[:] = self._reset
-        if tags is not self._tags:
+        if tags is not self._tags or offset != self._offset:
             self._tags = tags
-            self._calls = [(layer, block[start:stop], seq, phase)
+            self._offset = offset
+            self._calls = [(layer, block[offset + start:offset + stop], seq, phase)
                            for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
         record = self._recorder.record_batch
         for layer, block, seq, phase in self._calls:
@@ -128,11 +152,16 @@ class DeviceStaging:
     """The device hand-over: steps staged with device copies only, recorded at each flush (see the module).
 
     ``rows``: staged rows per flush (default: ``STAGE_BYTES`` worth, at least
-    one step); ``flush_every``: seconds between flushes while steps run.
+    one step); ``flush_every``: seconds between flushes while steps run;
+    ``gathered``: on a data-parallel rank, whether the routers see every
+    rank's rows (``_data_parallel``); ``ranks``: that rank's ``RankRows``
+    (set by the session), else None.
     """
 
-    def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int], dp: int, *,
-                 rows: Optional[int] = None, flush_every: float = FLUSH_EVERY) -> None:
+    ranks: Optional[RankRows] = None
+
+    def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int], *, rows: Optional[int] = None,
+                 flush_every: float = FLUSH_EVERY, gathered: bool = False) -> None:
         slots, step_rows, top_k = buffer.ids.shape
         if rows is None:
             rows = max(step_rows, STAGE_BYTES // (slots * top_k * 4))
@@ -141,7 +170,7 @@ class DeviceStaging:
         self._recorder = recorder
         self._buffer = buffer
         self._layers = layers
-        self._dp = dp
+        self._gathered = gathered
         self._flush_every = flush_every
         self.capacity = rows
         device = buffer.ids.device
@@ -156,7 +185,9 @@ class DeviceStaging:
             self._host_counts = torch.empty((MAX_STEPS, slots), dtype=torch.int64, pin_memory=cuda)
         self._side = torch.cuda.Stream(device) if cuda else None
         self._ready = torch.cuda.Event() if cuda else None
-        self._steps: list[tuple[int, int, StepTags]] = []
+        # Per staged step: where its rows start, its tokens, its tags, and on a DP rank the rows every layer
+        # must have reported with the step's per-rank counts (else None, None: at least the step's tokens).
+        self._steps: list[tuple[int, int, StepTags, Optional[int], Optional[list[int]]]] = []
         self._pos = 0
         self._last_flush = time.monotonic()
         # Reentrant, with a busy flag: a signal handler's write (the same thread, mid-step or mid-flush)
@@ -170,6 +201,10 @@ class DeviceStaging:
         """Steps staged on the device and not yet recorded."""
         return len(self._steps)
 
+    def mark_unwritten(self) -> None:
+        """Mark every routed layer's rows unwritten (before a data-parallel rank's forward): a device fill."""
+        self._buffer.rows.fill_(NOT_CALLED)
+
     def step(self, total: int, tags: StepTags, now: float) -> None:
         """Stage one step: three device ops and an event, no host read of device data."""
         with self._lock:
@@ -178,14 +213,16 @@ class DeviceStaging:
                 if (self._pos + total > self.capacity or len(self._steps) == MAX_STEPS
                         or now - self._last_flush >= self._flush_every):
                     self._flush_staged(now)
+                ranks = self.ranks
+                offset, expected, counts = (0, None, None) if ranks is None else ranks.place(total, self._gathered)
                 at = self._pos
                 buffer = self._buffer
-                self._ids[at:at + total].copy_(buffer.ids[:, :total].transpose(0, 1))
+                self._ids[at:at + total].copy_(buffer.ids[:, offset:offset + total].transpose(0, 1))
                 self._counts[len(self._steps)].copy_(buffer.rows)
                 buffer.rows.fill_(NOT_CALLED)
                 if self._ready is not None:
                     self._ready.record(torch.cuda.current_stream(self._device))
-                self._steps.append((at, total, tags))
+                self._steps.append((at, total, tags, expected, counts))
                 self._pos = at + total
             finally:
                 self._busy = False
@@ -214,10 +251,14 @@ class DeviceStaging:
         self._steps = []
         self._pos = 0
         record = self._recorder.record_batch
-        layers, dp = self._layers, self._dp
-        for (at, total, tags), seen in zip(steps, counts):
-            if seen.min() < total or (dp > 1 and seen.max() != total):
-                check_rows(layers, seen.tolist(), total, dp)
+        layers = self._layers
+        for (at, total, tags, expected, across), seen in zip(steps, counts):
+            low, high = int(seen.min()), int(seen.max())
+            if low < total if expected is None else not low == high == expected:
+                reason = None
+                if expected is not None and self.ranks is not None:
+                    reason = describe(seen.tolist(), total, across, self.ranks.rank)
+                refuse_rows(layers, seen.tolist(), total, reason)
             for slot, layer in enumerate(layers):
                 block = ids[slot, at:at + total]
                 for start, stop, phase, seq in tags.pieces:

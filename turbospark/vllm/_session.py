@@ -23,7 +23,7 @@ import torch
 
 from turbospark.recording import _env
 
-from . import _checks, _signals
+from . import _checks, _data_parallel, _signals
 from ._buffer import StaticBuffer
 from ._handover import DeviceStaging, Direct, choose
 from ._recorder import VllmRecorder
@@ -121,18 +121,35 @@ def attach(worker: Any) -> Optional["Session"]:
     capacity = int(scheduler.max_num_batched_tokens) * max(dp, 1)
     device = torch.device(worker.device) if getattr(worker, "device", None) is not None else torch.device("cpu")
     staging = choose(device, os.environ)
+    gathered = _gathered(layers) if staging == "device" and dp > 1 else False
     buffer = StaticBuffer(len(layers), capacity, top_k, device)
     for slot, (_, module) in enumerate(layers):
         module.router.set_capture_fn(buffer.capture_fn(slot))
     _signals.write_before_exit(recorder)
-    return Session(recorder, buffer, [index for index, _ in layers], worker, dp, staging)
+    return Session(recorder, buffer, [index for index, _ in layers], worker, dp, staging, gathered)
+
+
+def _gathered(layers: list[tuple[int, Any]]) -> bool:
+    """Whether a data-parallel rank's routers see every rank's rows (naive dispatch before routing).
+
+    The device hand-over places a step's rows before it can read their counts,
+    so every layer must agree; raises ``_checks.Refused`` when they do not.
+    """
+    kinds = {index: bool(getattr(module, "do_naive_dispatch_combine", False)) for index, module in layers}
+    if len(set(kinds.values())) > 1:
+        gathering = [index for index, naive in kinds.items() if naive]
+        raise _checks.Refused(
+            f"turbospark: with data parallelism the MoE layers {gathering} gather every rank's tokens before routing "
+            f"and the others route their own: the device hand-over places a step's rows before it reads their "
+            f"counts, so it needs one layout for every layer; use one MoE kernel for all layers, {_checks.OFF}")
+    return bool(kinds) and next(iter(kinds.values()))
 
 
 class Session:
     """A worker's recorder, static buffer and request table; ``after_step`` is its one per-step call."""
 
     def __init__(self, recorder: VllmRecorder, buffer: StaticBuffer, layers: list[int], worker: Any, dp: int,
-                 staging: str = "direct") -> None:
+                 staging: str = "direct", gathered: bool = False) -> None:
         self.recorder = recorder
         self.buffer = buffer
         self.layers = layers
@@ -142,9 +159,13 @@ class Session:
         self._runner = worker.model_runner
         self.handover: Any
         if staging == "device":
-            self.handover = DeviceStaging(recorder, buffer, layers, dp)
+            self.handover = DeviceStaging(recorder, buffer, layers, gathered=gathered)
         else:
-            self.handover = Direct(recorder, buffer, layers, dp)
+            self.handover = Direct(recorder, buffer, layers)
+        if dp > 1:
+            # Where this rank's rows lie among those the routers wrote, step by step (_data_parallel).
+            rank = int(worker.vllm_config.parallel_config.data_parallel_rank)
+            self.handover.ranks = _data_parallel.RankRows(self._runner, rank, self.handover.mark_unwritten)
         self._last_step = 0.0
         self._dirty = False
         threading.Thread(target=_idle_writer, args=(weakref.ref(self),), name="turbospark-vllm-idle",

@@ -1,4 +1,4 @@
-"""The two wrapped worker methods: the only places the plugin enters vLLM's own code path.
+"""The two wrapped worker methods: where the plugin enters vLLM's own code path (and ``_data_parallel``).
 
 ``Worker.load_model`` (after it: bind the routers, before vLLM profiles,
 compiles or captures graphs, so every compiled graph contains the hook) and
@@ -6,7 +6,10 @@ compiles or captures graphs, so every compiled graph contains the hook) and
 outside any compiled or captured region). Both are the worker's RPC
 interface, which the engine calls by name on every worker; the CPU worker
 and the GPU worker share them. Everything else the plugin reads is the
-step's ``SchedulerOutput`` and the runner's ``input_batch.req_ids``.
+step's ``SchedulerOutput`` and the runner's ``input_batch.req_ids``; on a
+data-parallel rank also each forward's per-rank token counts, read where
+the runner decides its batch (``_data_parallel`` wraps that one runner
+method, on the recording rank's runner only).
 """
 
 from __future__ import annotations
