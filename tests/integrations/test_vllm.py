@@ -92,7 +92,7 @@ def _child(tmp_path: pathlib.Path, work: pathlib.Path, model: str, batches: list
 
 
 def run_vllm_dp(tmp_path: pathlib.Path, model: str, batches: list[list[list[list[int]]]], max_tokens: int,
-                engine: Optional[dict[str, Any]] = None,
+                engine: Optional[dict[str, Any]] = None, env: Optional[dict[str, str]] = None,
                 timeout: float = 240) -> tuple[list[Any], list[list[dict[str, Any]]], str]:
     """One child per data-parallel rank (vLLM's offline SPMD launch: VLLM_DP_RANK/SIZE/MASTER_*), rank r
     generating ``batches[r]``, all recording to ``cap-{rank}.json`` in ``tmp_path``. Returns (per rank: the
@@ -110,7 +110,7 @@ def run_vllm_dp(tmp_path: pathlib.Path, model: str, batches: list[list[list[list
     common = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_DP_SIZE": str(size), "VLLM_DP_MASTER_IP": "127.0.0.1",
               "VLLM_DP_MASTER_PORT": str(_free_port()), "VLLM_CPU_OMP_THREADS_BIND": "|".join(map(str, range(size))),
               # The CPU communicator's missing uneven collectives (tests/vllm_cpu_collectives.py), as a vLLM plugin.
-              "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, str(TESTS), str(plugins.parent)])}
+              "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, str(TESTS), str(plugins.parent)]), **(env or {})}
     runs = []
     # Every rank keeps its engine until all are done (tests/vllm_child.py).
     done = [str(tmp_path / f"dp{rank}" / "done") for rank in range(size)]
@@ -380,12 +380,15 @@ def per_request(cap: Any, key: str = "request") -> dict[Any, list[tuple[list[lis
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a machine limit, not a dependency: DP=2 on vLLM's CPU "
                     "backend binds each rank's OpenMP threads to its own core (VLLM_CPU_OMP_THREADS_BIND='0|1') "
                     f"and this machine has {os.cpu_count()} core")
-def test_data_parallel_ranks_record_their_own_requests(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("staging", ["direct", "device"])
+def test_data_parallel_ranks_record_their_own_requests(models: dict[str, str], tmp_path: pathlib.Path,
+                                                       staging: str) -> None:
     """DP=2: each rank's file holds exactly its requests, exact against transformers; merged, the DP=1 run.
 
     Rank 0 prefills three prompts 16 tokens a step, rank 1 one: once rank 1's request is done, it has
     nothing scheduled and runs dummy batches to keep the collectives in lockstep while rank 0 still
-    steps, and those rows (its dummy token) must never be recorded."""
+    steps, and those rows (its dummy token) must never be recorded. ``device``: the GPU workers'
+    hand-over, which places the rows by the kernels' layout and resets the counts on the device."""
     from turbospark.cli import main
 
     asked = prompts(4, 20)  # 21..24 tokens: the prompt length names the request across runs
@@ -395,7 +398,7 @@ def test_data_parallel_ranks_record_their_own_requests(models: dict[str, str], t
     dp_dir.mkdir()
     one_dir.mkdir()
     caps, results, err = run_vllm_dp(dp_dir, models["qwen3_moe"], [[[asked[0], asked[2], asked[3]]], [[asked[1]]]], 6,
-                                     engine=engine)
+                                     engine=engine, env={"TURBOSPARK_VLLM_STAGING": staging})
     assert all(cap is not None for cap in caps), err
     # {rank} is the global rank: one file per DP rank, neither overwriting the other.
     assert sorted(p.name for p in dp_dir.glob("cap-*")) == ["cap-0.json", "cap-1.json"]
