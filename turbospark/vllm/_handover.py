@@ -183,6 +183,10 @@ class DeviceStaging:
             self._counts = torch.empty((MAX_STEPS, slots), dtype=torch.int64, device=device)
             self._host_ids = torch.empty((rows, slots, top_k), dtype=torch.int32, pin_memory=cuda)
             self._host_counts = torch.empty((MAX_STEPS, slots), dtype=torch.int64, pin_memory=cuda)
+        # Views made once, so a step slices each source and target once: the static buffer row-major by
+        # token, and one row of the count log per staged step.
+        self._by_token = buffer.ids.transpose(0, 1)
+        self._count_rows = self._counts.unbind(0)
         self._side = torch.cuda.Stream(device) if cuda else None
         self._ready = torch.cuda.Event() if cuda else None
         # Per staged step: where its rows start, its tokens, its tags, and on a DP rank the rows every layer
@@ -217,8 +221,8 @@ class DeviceStaging:
                 offset, expected, counts = (0, None, None) if ranks is None else ranks.place(total, self._gathered)
                 at = self._pos
                 buffer = self._buffer
-                self._ids[at:at + total].copy_(buffer.ids[:, offset:offset + total].transpose(0, 1))
-                self._counts[len(self._steps)].copy_(buffer.rows)
+                self._ids[at:at + total].copy_(self._by_token[offset:offset + total])
+                self._count_rows[len(self._steps)].copy_(buffer.rows)
                 buffer.rows.fill_(NOT_CALLED)
                 if self._ready is not None:
                     self._ready.record(torch.cuda.current_stream(self._device))
