@@ -329,7 +329,8 @@ def test_device_staging_compiled_exact(models: dict[str, str], tmp_path: pathlib
 
 def test_staging_setting_refused(models: dict[str, str], tmp_path: pathlib.Path) -> None:
     cap, _, err = run_vllm(tmp_path, models["mixtral"], [prompts(1, 4)], 2, env={"TURBOSPARK_VLLM_STAGING": "gpu"})
-    assert cap is None
+    # Refused as the worker loads the model, before the recorder exists: no capture file at all.
+    assert cap is None and not (tmp_path / "cap.json").exists()
     assert ("turbospark: TURBOSPARK_VLLM_STAGING='gpu': expected 'direct' or 'device' (or unset: 'direct' on this "
             "cpu worker); or unset TURBOSPARK_ROUTER_HIST") in err
 

@@ -107,6 +107,11 @@ def attach(worker: Any) -> Optional["Session"]:
     # Tensor-parallel ranks route the same tokens: the first one records.
     if get_tensor_model_parallel_rank() != 0:
         return None
+    dp = int(getattr(config.parallel_config, "data_parallel_size", 1))
+    device = torch.device(worker.device) if getattr(worker, "device", None) is not None else torch.device("cpu")
+    # Refused before the recorder exists: a refused engine leaves no empty capture behind.
+    staging = choose(device, os.environ)
+    gathered = _gathered(layers) if staging == "device" and dp > 1 else False
     env = _env.config_from_env(num_layers)
     assert env is not None  # register() installed the hooks only with TURBOSPARK_ROUTER_HIST set
     given: frozenset[str] = frozenset()
@@ -116,12 +121,7 @@ def attach(worker: Any) -> Optional["Session"]:
     if env.checkpoint is None:
         env = dataclasses.replace(env, checkpoint=DEFAULT_CHECKPOINT)
     recorder = VllmRecorder.from_config(env, num_layers, num_experts, top_k, given=given)
-    scheduler = config.scheduler_config
-    dp = int(getattr(config.parallel_config, "data_parallel_size", 1))
-    capacity = int(scheduler.max_num_batched_tokens) * max(dp, 1)
-    device = torch.device(worker.device) if getattr(worker, "device", None) is not None else torch.device("cpu")
-    staging = choose(device, os.environ)
-    gathered = _gathered(layers) if staging == "device" and dp > 1 else False
+    capacity = int(config.scheduler_config.max_num_batched_tokens) * max(dp, 1)
     buffer = StaticBuffer(len(layers), capacity, top_k, device)
     for slot, (_, module) in enumerate(layers):
         module.router.set_capture_fn(buffer.capture_fn(slot))
