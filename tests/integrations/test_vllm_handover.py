@@ -5,7 +5,10 @@ CUDA is present."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import signal
+import threading
 import time
 from typing import Any, Optional
 
@@ -16,7 +19,7 @@ from conftest import require_module
 torch = require_module("torch")
 
 import turbospark  # noqa: E402
-from turbospark.vllm import _checks, _handover  # noqa: E402
+from turbospark.vllm import _checks, _handover, _signals  # noqa: E402
 from turbospark.vllm._buffer import StaticBuffer  # noqa: E402
 from turbospark.vllm._data_parallel import RankRows  # noqa: E402
 from turbospark.vllm._handover import DeviceStaging, Direct, choose  # noqa: E402
@@ -191,7 +194,62 @@ def test_staging_area_holds_at_least_one_step(tmp_path: pathlib.Path) -> None:
     assert str(refused.value) == f"the staging area must hold one step ({STEP_ROWS} rows), got rows={STEP_ROWS - 1}"
     # The default: STAGE_BYTES of ids.
     assert DeviceStaging(recorder, buffer, LAYERS).capacity == _handover.STAGE_BYTES // (len(LAYERS) * K * 4)
+    # A data-parallel rank's buffer holds every rank's rows; a step stages this rank's only.
+    wide = StaticBuffer(len(LAYERS), STEP_ROWS * 4, K, torch.device("cpu"), step_tokens=STEP_ROWS)
+    assert DeviceStaging(recorder, wide, LAYERS, rows=STEP_ROWS).capacity == STEP_ROWS
     recorder.discard()
+
+
+def test_a_failure_a_background_flush_found_stops_the_next_step(tmp_path: pathlib.Path) -> None:
+    """A checkpoint thread's flush can only report a bad step; the worker's next step raises it."""
+    staged = Engine(tmp_path / "staged.json", "device", flush_every=1e9)
+    steps = engine_steps(2, 3)
+    rng = np.random.default_rng(2)
+    for index, (output, order) in enumerate(steps[:2]):
+        staged.forward(torch.from_numpy(routed(rng, output.total_num_scheduled_tokens, 0)), skip=0 if index else None)
+        staged.after(output, order, index)
+    checkpoint = threading.Thread(target=staged.recorder._write_checkpoint)
+    checkpoint.start()
+    checkpoint.join()
+    message = ("turbospark: the router of MoE layer 0 never called capture_fn in this step; "
+               "the capture would be silently incomplete")
+    output, order = steps[2]
+    staged.forward(torch.from_numpy(routed(rng, output.total_num_scheduled_tokens, 0)))
+    for _ in range(2):  # and every step after it
+        with pytest.raises(RuntimeError) as refused:
+            staged.after(output, order, 2)
+        assert str(refused.value) == message
+    staged.recorder.discard()
+
+
+@pytest.mark.parametrize("kind", ["direct", "device"])
+def test_a_signal_mid_hand_over_writes_whole_steps(tmp_path: pathlib.Path, monkeypatch: Any, kind: str) -> None:
+    """SIGTERM between two layers' record_batch calls: the handler's write waits for the step (or flush)."""
+    engine = Engine(tmp_path / "cap.json", kind, **({"flush_every": 0.0} if kind == "device" else {}))
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: fired.append(number))
+    try:
+        _signals.write_before_exit(engine.recorder)
+        record = engine.recorder.record_batch
+        calls = []
+
+        def record_and_signal(*args: Any, **kwargs: Any) -> None:
+            record(*args, **kwargs)
+            calls.append(args[0])
+            if len(calls) == 5:
+                os.kill(os.getpid(), signal.SIGTERM)
+                assert fired == []  # not yet: the hand-over holds it
+
+        monkeypatch.setattr(engine.recorder, "record_batch", record_and_signal)
+        run([engine], seed=8, count=12)
+        assert fired == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    # What the handler wrote: every routed layer has the same passes.
+    written = turbospark.load(tmp_path / "cap.json")
+    assert len({written.trace[layer].shape[0] for layer in LAYERS}) == 1
+    assert written.trace[LAYERS[0]].shape[0] > 0
+    engine.recorder.discard()
 
 
 def run_data_parallel(engines: list[Engine], gathered: list[bool], seed: int, count: int) -> None:
@@ -234,11 +292,18 @@ def test_a_data_parallel_rank_records_its_own_rows(tmp_path: pathlib.Path, gathe
 def test_a_data_parallel_layout_other_than_the_kernels_is_refused_by_the_flush(tmp_path: pathlib.Path) -> None:
     # Placed as own rows (the layers' kernels said so), but the routers saw both ranks' rows.
     staged = Engine(tmp_path / "staged.json", "device", gathered=False, flush_every=1e9).data_parallel(1)
-    run_data_parallel([staged], [True], seed=6, count=3)
+    output, order = engine_steps(0, 1)[0]
+    total = output.total_num_scheduled_tokens
+    staged.runner.across = torch.tensor([3, total], dtype=torch.int32)
+    staged.runner._determine_batch_execution_and_padding(num_tokens=total)
+    staged.forward(torch.from_numpy(routed(np.random.default_rng(0), total, 3)))
+    staged.after(output, order, 0)
     with pytest.raises(RuntimeError) as refused:
         staged.handover.flush()
-    assert str(refused.value).startswith("turbospark: data-parallel rank 1: the MoE layers routed [")
-    assert str(refused.value).endswith("this dispatch layout is not supported")
+    assert str(refused.value) == (
+        f"turbospark: data-parallel rank 1: the MoE layers routed {[total + 3] * 3} rows for a step of {total} tokens, "
+        f"with [3, {total}] tokens per DP rank, where their kernels (do_naive_dispatch_combine=False) imply this "
+        f"rank's own rows ({total}); this dispatch layout is not supported")
     staged.recorder.discard()
 
 
@@ -286,6 +351,8 @@ def test_staging_choice(device: str, environ: dict[str, str], expected: str) -> 
     ("cuda", "direct", "turbospark: TURBOSPARK_VLLM_STAGING=direct reads the static buffer on the host after every "
                        "step, a host sync per step on this cuda worker; unset TURBOSPARK_VLLM_STAGING (device "
                        "staging), or unset TURBOSPARK_ROUTER_HIST"),
+    ("xpu", "", "turbospark: the vLLM plugin records on CPU and CUDA workers; this worker runs on xpu (its streams "
+                "are not ordered by the device hand-over); unset TURBOSPARK_ROUTER_HIST"),
 ])
 def test_staging_choice_refused(device: str, raw: str, message: str) -> None:
     with pytest.raises(_checks.Refused) as refused:

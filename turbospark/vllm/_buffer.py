@@ -12,6 +12,8 @@ nothing), so one ``min`` over ``rows`` checks every routed layer.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 __all__ = ["StaticBuffer"]
@@ -21,10 +23,17 @@ NOT_CALLED = -1
 
 
 class StaticBuffer:
-    """``ids`` (slots, capacity, top_k) int32 and ``rows`` (slots,) int64 on ``device``: one slot per routed layer."""
+    """``ids`` (slots, capacity, top_k) int32 and ``rows`` (slots,) int64 on ``device``: one slot per routed layer.
 
-    def __init__(self, slots: int, capacity: int, top_k: int, device: torch.device) -> None:
+    ``step_tokens``: the most tokens one step schedules on this rank (default
+    ``capacity``); a data-parallel rank's routers may see every rank's rows,
+    so its ``capacity`` is ``step_tokens`` times the ranks.
+    """
+
+    def __init__(self, slots: int, capacity: int, top_k: int, device: torch.device,
+                 step_tokens: Optional[int] = None) -> None:
         self.capacity = capacity
+        self.step_tokens = capacity if step_tokens is None else step_tokens
         with torch.inference_mode(False):
             # Ordinary tensors, wherever the worker builds them: the device hand-over resets ``rows`` in
             # place after the step, outside vLLM's inference mode, which an inference tensor would refuse.

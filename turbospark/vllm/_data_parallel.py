@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["RankRows", "describe", "own_offset"]
+__all__ = ["RankRows", "describe", "misplaced", "own_offset"]
 
 
 def own_offset(low: int, high: int, total: int, counts: Optional[Sequence[int]], rank: int) -> Optional[int]:
@@ -74,6 +74,15 @@ def describe(seen: Sequence[int], total: int, counts: Optional[Sequence[int]], r
     return (f"turbospark: data-parallel rank {rank}: the MoE layers routed {list(seen)} rows for a step of {total} "
             f"tokens, with {list(counts)} tokens per DP rank: neither this rank's own rows ({counts[rank]}) nor every "
             f"rank's gathered rows ({sum(counts)}); this dispatch layout is not supported")
+
+
+def misplaced(seen: Sequence[int], total: int, counts: Optional[Sequence[int]], rank: int, gathered: bool) -> str:
+    """The device hand-over's error: the row counts a flush read disagree with the layout it placed them by."""
+    layout = (f"every rank's gathered rows ({sum(counts or ())})" if gathered
+              else f"this rank's own rows ({(counts or [0] * (rank + 1))[rank]})")
+    return (f"turbospark: data-parallel rank {rank}: the MoE layers routed {list(seen)} rows for a step of {total} "
+            f"tokens, with {list(counts or ())} tokens per DP rank, where their kernels (do_naive_dispatch_combine="
+            f"{gathered}) imply {layout}; this dispatch layout is not supported")
 
 
 class RankRows:

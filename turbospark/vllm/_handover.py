@@ -37,8 +37,8 @@ import torch
 from turbospark.recording import _env
 from turbospark.torch import _to_host
 
-from . import _checks
-from ._data_parallel import RankRows, describe
+from . import _checks, _signals
+from ._data_parallel import RankRows, misplaced
 from ._buffer import NOT_CALLED, StaticBuffer
 from ._requests import StepTags
 
@@ -82,6 +82,10 @@ def choose(device: torch.device, environ: Any) -> str:
     Raises ``_checks.Refused`` for another value, or ``direct`` on a non-CPU
     worker (a host read of a device buffer would sync every step).
     """
+    if device.type not in ("cpu", "cuda"):
+        raise _checks.Refused(
+            f"turbospark: the vLLM plugin records on CPU and CUDA workers; this worker runs on {device} (its "
+            f"streams are not ordered by the device hand-over); unset {_env.HIST}")
     raw = environ.get(STAGING, "")
     default = "direct" if device.type == "cpu" else "device"
     choice = raw or default
@@ -144,8 +148,13 @@ class Direct:
             self._calls = [(layer, block[offset + start:offset + stop], seq, phase)
                            for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
         record = self._recorder.record_batch
-        for layer, block, seq, phase in self._calls:
-            record(layer, block, seq=seq, phase=phase)
+        # A signal's write waits for the whole step (_signals.hold): never some layers' rows without the others'.
+        _signals.hold()
+        try:
+            for layer, block, seq, phase in self._calls:
+                record(layer, block, seq=seq, phase=phase)
+        finally:
+            _signals.release()
 
 
 class DeviceStaging:
@@ -162,7 +171,9 @@ class DeviceStaging:
 
     def __init__(self, recorder: Any, buffer: StaticBuffer, layers: list[int], *, rows: Optional[int] = None,
                  flush_every: float = FLUSH_EVERY, gathered: bool = False) -> None:
-        slots, step_rows, top_k = buffer.ids.shape
+        slots, _, top_k = buffer.ids.shape
+        # A step stages this rank's tokens only (a data-parallel rank's buffer holds every rank's).
+        step_rows = buffer.step_tokens
         if rows is None:
             rows = max(step_rows, STAGE_BYTES // (slots * top_k * 4))
         if rows < step_rows:
@@ -198,6 +209,9 @@ class DeviceStaging:
         # must neither deadlock nor see half a step; it skips the flush and the exit path does it.
         self._lock = threading.RLock()
         self._busy = False
+        # A flush that found a step it cannot record, on any thread: every later step raises it, so the
+        # engine stops as the direct hand-over's would (a checkpoint thread's flush can only report it).
+        self._failed: Optional[RuntimeError] = None
         recorder._add_drain(self.flush)
 
     @property
@@ -210,7 +224,20 @@ class DeviceStaging:
         self._buffer.rows.fill_(NOT_CALLED)
 
     def step(self, total: int, tags: StepTags, now: float) -> None:
-        """Stage one step: three device ops and an event, no host read of device data."""
+        """Stage one step: three device ops and an event, no host read of device data.
+
+        Raises RuntimeError when a flush (this one's, or an earlier one on any
+        thread) found a step it cannot record.
+        """
+        _signals.hold()
+        try:
+            self._step(total, tags, now)
+        finally:
+            _signals.release()
+
+    def _step(self, total: int, tags: StepTags, now: float) -> None:
+        if self._failed is not None:
+            raise self._failed
         with self._lock:
             self._busy = True
             try:
@@ -233,16 +260,27 @@ class DeviceStaging:
 
     def flush(self) -> None:
         """Record every staged step, in order; the recorder's drain (before each of its writes)."""
-        with self._lock:
-            if self._busy:
-                return
-            self._busy = True
-            try:
-                self._flush_staged(time.monotonic())
-            finally:
-                self._busy = False
+        _signals.hold()
+        try:
+            with self._lock:
+                if self._busy:
+                    return
+                self._busy = True
+                try:
+                    self._flush_staged(time.monotonic())
+                finally:
+                    self._busy = False
+        finally:
+            _signals.release()
 
     def _flush_staged(self, now: float) -> None:
+        try:
+            self._flush_steps(now)
+        except RuntimeError as exc:
+            self._failed = exc
+            raise
+
+    def _flush_steps(self, now: float) -> None:
         self._last_flush = now
         steps = self._steps
         if not steps:
@@ -261,7 +299,7 @@ class DeviceStaging:
             if low < total if expected is None else not low == high == expected:
                 reason = None
                 if expected is not None and self.ranks is not None:
-                    reason = describe(seen.tolist(), total, across, self.ranks.rank)
+                    reason = misplaced(seen.tolist(), total, across, self.ranks.rank, self._gathered)
                 refuse_rows(layers, seen.tolist(), total, reason)
             for slot, layer in enumerate(layers):
                 block = ids[slot, at:at + total]
@@ -271,5 +309,11 @@ class DeviceStaging:
     def _to_host(self, n: int, m: int) -> None:
         # The side stream starts after the last staged step's copies (its event, recorded on the stream
         # that step ran on), whichever thread flushes.
-        _to_host(self._side, [(self._host_ids[:n], self._ids[:n]), (self._host_counts[:m], self._counts[:m])],
-                 self._ready)
+        pairs = [(self._host_ids[:n], self._ids[:n]), (self._host_counts[:m], self._counts[:m])]
+        if self._side is None:
+            _to_host(None, pairs)
+            return
+        # On the worker's GPU: a checkpoint thread's current device is GPU 0, and switching streams there
+        # would make it a CUDA context on GPU 0 for every recording worker.
+        with torch.cuda.device(self._device):
+            _to_host(self._side, pairs, self._ready)

@@ -121,8 +121,8 @@ def attach(worker: Any) -> Optional["Session"]:
     if env.checkpoint is None:
         env = dataclasses.replace(env, checkpoint=DEFAULT_CHECKPOINT)
     recorder = VllmRecorder.from_config(env, num_layers, num_experts, top_k, given=given)
-    capacity = int(config.scheduler_config.max_num_batched_tokens) * max(dp, 1)
-    buffer = StaticBuffer(len(layers), capacity, top_k, device)
+    step_tokens = int(config.scheduler_config.max_num_batched_tokens)
+    buffer = StaticBuffer(len(layers), step_tokens * max(dp, 1), top_k, device, step_tokens)
     for slot, (_, module) in enumerate(layers):
         module.router.set_capture_fn(buffer.capture_fn(slot))
     _signals.write_before_exit(recorder)
