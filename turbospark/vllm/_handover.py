@@ -120,6 +120,8 @@ class Direct:
         self._tags: Optional[StepTags] = None
         self._offset = 0
         self._calls: list[tuple[int, Any, Any, str]] = []
+        # Built on the thread that runs the steps (the worker's).
+        self._held = _signals.held_here()
 
     def mark_unwritten(self) -> None:
         """Mark every routed layer's rows unwritten (before a data-parallel rank's forward)."""
@@ -148,13 +150,16 @@ class Direct:
             self._calls = [(layer, block[offset + start:offset + stop], seq, phase)
                            for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
         record = self._recorder.record_batch
-        # A signal's write waits for the whole step (_signals.hold): never some layers' rows without the others'.
-        _signals.hold()
+        # A signal's write waits for the whole step (_signals.Held): never some layers' rows without the others'.
+        held = self._held
+        held.depth += 1
         try:
             for layer, block, seq, phase in self._calls:
                 record(layer, block, seq=seq, phase=phase)
         finally:
-            _signals.release()
+            held.depth -= 1
+            if held.pending and not held.depth:
+                held.run_pending()
 
 
 class DeviceStaging:
@@ -212,6 +217,8 @@ class DeviceStaging:
         # A flush that found a step it cannot record, on any thread: every later step raises it, so the
         # engine stops as the direct hand-over's would (a checkpoint thread's flush can only report it).
         self._failed: Optional[RuntimeError] = None
+        # Built on the thread that runs the steps (the worker's).
+        self._held = _signals.held_here()
         recorder._add_drain(self.flush)
 
     @property
@@ -229,11 +236,14 @@ class DeviceStaging:
         Raises RuntimeError when a flush (this one's, or an earlier one on any
         thread) found a step it cannot record.
         """
-        _signals.hold()
+        held = self._held
+        held.depth += 1
         try:
             self._step(total, tags, now)
         finally:
-            _signals.release()
+            held.depth -= 1
+            if held.pending and not held.depth:
+                held.run_pending()
 
     def _step(self, total: int, tags: StepTags, now: float) -> None:
         if self._failed is not None:
@@ -260,7 +270,8 @@ class DeviceStaging:
 
     def flush(self) -> None:
         """Record every staged step, in order; the recorder's drain (before each of its writes)."""
-        _signals.hold()
+        held = _signals.held_here()  # any thread: the checkpoint thread's flushes too
+        held.depth += 1
         try:
             with self._lock:
                 if self._busy:
@@ -271,7 +282,9 @@ class DeviceStaging:
                 finally:
                     self._busy = False
         finally:
-            _signals.release()
+            held.depth -= 1
+            if held.pending and not held.depth:
+                held.run_pending()
 
     def _flush_staged(self, now: float) -> None:
         try:

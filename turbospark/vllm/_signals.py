@@ -8,7 +8,7 @@ capture is written first, synchronously, then vLLM's handler runs as
 before; every step the worker finished is in it. The write lands because
 ``_shutdown`` keeps vLLM's process manager from SIGKILLing the engine and
 its workers in the same moment. A signal that fires while the worker hands a
-step over (``hold``/``release``) is handled as that stretch ends, so the
+step over (``Held``) is handled as that stretch ends, so the
 write never holds half a step. A signal that would not end the process (ignored) is left alone;
 the write is atomic, and the recorder stays open, so a later exit path
 writes again with whatever came after.
@@ -20,51 +20,44 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["hold", "release", "write_before_exit"]
+__all__ = ["HELD", "Held", "held_here", "write_before_exit"]
 
-class _Held:
-    """How deep the main thread is in the plugin's hand-over, and the signals that arrived meanwhile."""
+class Held:
+    """How deep a thread is in the plugin's hand-over, and the signals that fired meanwhile.
+
+    Around a stretch that a signal handler's write must not cut in half (a
+    step's hand-over, a flush): ``held.depth += 1``, then in a ``finally``
+    ``held.depth -= 1`` and, when ``held.pending`` and the depth is back to
+    0, ``held.run_pending()``. Attribute updates, not a signal mask: two
+    syscalls (or two calls) per step would cost more than the hand-over.
+    """
+
+    __slots__ = ("depth", "pending")
 
     def __init__(self) -> None:
-        # The thread that runs this process's wrapped handlers (set by write_before_exit); None: no handler.
-        self.main: Any = None
         self.depth = 0
         self.pending: list[tuple[Any, int, Any]] = []
 
-
-_HELD = _Held()
-
-
-def hold() -> None:
-    """Enter a stretch (a step's hand-over, a flush) that a signal handler's write must not cut in half.
-
-    Only the main thread runs signal handlers, so only its stretches count.
-    A handler that fires inside one is run when the outermost ``release()``
-    comes (a flag and a list, not a signal mask: two syscalls per step would
-    cost more than the hand-over itself): the write then holds whole steps,
-    and the worker's own handler (vLLM's, which raises ``SystemExit``) runs
-    right after it, as it would have.
-    """
-    if threading.get_ident() == _HELD.main:
-        _HELD.depth += 1
-
-
-def release() -> None:
-    """Leave a ``hold()`` stretch; the outermost one runs the handlers that fired inside it, in order."""
-    if threading.get_ident() != _HELD.main:
-        return
-    _HELD.depth -= 1
-    if _HELD.depth == 0 and _HELD.pending:
-        pending, _HELD.pending = _HELD.pending, []
+    def run_pending(self) -> None:
+        """Run the handlers that fired inside the stretch that just ended, in order."""
+        pending, self.pending = self.pending, []
         for handler, number, frame in pending:
             handler(number, frame)
+
+
+# The main thread's: only the main thread runs signal handlers, and the wrapped handlers consult this one.
+HELD = Held()
+
+
+def held_here() -> Held:
+    """``HELD`` on the main thread; elsewhere a ``Held`` no handler consults (a signal cannot cut that thread)."""
+    return HELD if threading.current_thread() is threading.main_thread() else Held()
 
 
 def write_before_exit(recorder: Any) -> None:
     """Chain a write of ``recorder`` in front of the process's SIGINT and SIGTERM handlers."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _HELD.main = threading.get_ident()
     for signum in (signal.SIGINT, signal.SIGTERM):
         previous = signal.getsignal(signum)
         if previous in (signal.SIG_IGN, None):
@@ -74,9 +67,9 @@ def write_before_exit(recorder: Any) -> None:
 
 def _handler(recorder: Any, signum: int, previous: Any) -> Any:
     def on_signal(number: int, frame: Any) -> None:
-        if _HELD.depth:
-            # Mid-hand-over: the write and vLLM's handler run when the stretch ends (release()).
-            _HELD.pending.append((on_signal, number, frame))
+        if HELD.depth:
+            # Mid-hand-over: the write and vLLM's handler run when the stretch ends (Held.run_pending).
+            HELD.pending.append((on_signal, number, frame))
             return
         if not recorder.closed:
             recorder._finish(close=False)
