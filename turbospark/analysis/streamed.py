@@ -340,16 +340,19 @@ def _ids(file: _Sidecar, segments: list[_Segment], dtype: np.dtype, width: int, 
 def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, column: int) -> np.ndarray:
     """A layer's seq (column 0, int64) or phase (column 1, uint8) column; untagged frames read as the defaults."""
     dtype = np.dtype("<i8") if column == 0 else np.dtype("u1")
+
+    def column_at(s: _Segment) -> tuple[int, int]:
+        # A tagged frame's payload: the seq column, the ids, then the phase column.
+        return (s.offset if column == 0 else s.offset + s.rows * (8 + width * id_bytes)), s.rows
+
     if all(s.tagged for s in segments) and segments:
-        return file.gather([(s.offset if column == 0 else s.offset + s.rows * (8 + width * id_bytes), s.rows)
-                            for s in segments], dtype)
+        return file.gather([column_at(s) for s in segments], dtype)
     parts = []
     for s in segments:
         if not s.tagged:
             parts.append(np.full(s.rows, 0 if column == 0 else 1, dtype=dtype))
         else:
-            offset = s.offset if column == 0 else s.offset + s.rows * (8 + width * id_bytes)
-            parts.append(file.gather([(offset, s.rows)], dtype))
+            parts.append(file.gather([column_at(s)], dtype))
     if not parts:
         return np.zeros(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)

@@ -65,23 +65,25 @@ def own_offset(low: int, high: int, total: int, counts: Optional[Sequence[int]],
     return None
 
 
+def _without_counts(rank: int, total: int) -> str:
+    return (f"turbospark: data-parallel rank {rank} ran a step of {total} tokens without the per-rank token counts "
+            f"(num_tokens_across_dp) vLLM's runner reports before each forward")
+
+
 def describe(seen: Sequence[int], total: int, counts: Optional[Sequence[int]], rank: int) -> str:
     """Why ``own_offset`` found no layout, for the engine's error."""
     if counts is None:
-        return (f"turbospark: data-parallel rank {rank} ran a step of {total} tokens without the per-rank token "
-                f"counts (num_tokens_across_dp) vLLM's runner reports before each forward; the rows of the MoE "
-                f"layers ({list(seen)}) cannot be attributed")
+        return f"{_without_counts(rank, total)}; the rows of the MoE layers ({list(seen)}) cannot be attributed"
     return (f"turbospark: data-parallel rank {rank}: the MoE layers routed {list(seen)} rows for a step of {total} "
             f"tokens, with {list(counts)} tokens per DP rank: neither this rank's own rows ({counts[rank]}) nor every "
             f"rank's gathered rows ({sum(counts)}); this dispatch layout is not supported")
 
 
-def misplaced(seen: Sequence[int], total: int, counts: Optional[Sequence[int]], rank: int, gathered: bool) -> str:
+def misplaced(seen: Sequence[int], total: int, counts: Sequence[int], rank: int, gathered: bool) -> str:
     """The device hand-over's error: the row counts a flush read disagree with the layout it placed them by."""
-    layout = (f"every rank's gathered rows ({sum(counts or ())})" if gathered
-              else f"this rank's own rows ({(counts or [0] * (rank + 1))[rank]})")
+    layout = f"every rank's gathered rows ({sum(counts)})" if gathered else f"this rank's own rows ({counts[rank]})"
     return (f"turbospark: data-parallel rank {rank}: the MoE layers routed {list(seen)} rows for a step of {total} "
-            f"tokens, with {list(counts or ())} tokens per DP rank, where their kernels (do_naive_dispatch_combine="
+            f"tokens, with {list(counts)} tokens per DP rank, where their kernels (do_naive_dispatch_combine="
             f"{gathered}) imply {layout}; this dispatch layout is not supported")
 
 
@@ -123,15 +125,13 @@ class RankRows:
         """The device path's placement, before the row counts can be read: (offset, rows every layer must
         report, the step's counts), from the step's counts and the layout the layers' kernels imply.
 
-        Consumes the step's counts; raises RuntimeError (``describe``) when the
-        step reported none or this rank's part is shorter than the step.
+        Consumes the step's counts; raises RuntimeError when the step
+        reported none or this rank's part is shorter than the step.
         """
         counts = self._last = self._counts
         self._counts = None
         if counts is None:
-            raise RuntimeError(
-                f"turbospark: data-parallel rank {self.rank} ran a step of {total} tokens without the per-rank token "
-                f"counts (num_tokens_across_dp) vLLM's runner reports before each forward; its rows cannot be placed")
+            raise RuntimeError(f"{_without_counts(self.rank, total)}; its rows cannot be placed")
         if total > counts[self.rank]:
             raise RuntimeError(
                 f"turbospark: data-parallel rank {self.rank} ran a step of {total} tokens, but vLLM's runner counted "

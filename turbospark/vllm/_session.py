@@ -142,7 +142,7 @@ def _gathered(layers: list[tuple[int, Any]]) -> bool:
             f"turbospark: with data parallelism the MoE layers {gathering} gather every rank's tokens before routing "
             f"and the others route their own: the device hand-over places a step's rows before it reads their "
             f"counts, so it needs one layout for every layer; use one MoE kernel for all layers, {_checks.OFF}")
-    return bool(kinds) and next(iter(kinds.values()))
+    return any(kinds.values())  # one layout for all (none: no layer gathers)
 
 
 class Session:

@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = ["HELD", "Held", "held_here", "write_before_exit"]
 
+
 class Held:
     """How deep a thread is in the plugin's hand-over, and the signals that fired meanwhile.
 
