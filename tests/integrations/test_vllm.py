@@ -195,6 +195,13 @@ def check_exact(cap: Any, results: list[dict[str, Any]], model: str, name: str, 
     return facts
 
 
+def without_engine_ids(document: str) -> tuple[str, list[dict[str, Any]]]:
+    """A capture's JSON before its ``requests`` map, and the map's entries with the engine ids' 8 random
+    characters cut off: equal for two runs of the same requests that routed alike, byte for byte."""
+    head, _, entries = document.partition(',"requests":')
+    return head, [dict(e, request=e["request"].rpartition("-")[0]) for e in json.loads(entries[:-1])]
+
+
 @pytest.mark.parametrize("name", sorted(vllm_models.MODELS))
 def test_eager_exact(models: dict[str, str], name: str, tmp_path: pathlib.Path) -> None:
     cap, results, err = run_vllm(tmp_path, models[name], [prompts(4, 6)], 8)
@@ -227,13 +234,8 @@ def test_streamed_capture_equals_the_in_memory_one(models: dict[str, str], tmp_p
     # What `turbospark export cap.json --to json` writes: the in-memory recorder's document.
     assert main(["export", str(streamed_dir / "cap.json"), "--to", "json", "-o", str(tmp_path / "full.json")]) == 0
     exported = (tmp_path / "full.json").read_text()
-    written = (memory_dir / "cap.json").read_text()
-    # Byte for byte up to the request map, whose engine ids end in 8 random characters per run.
-    head, _, streamed_map = exported.partition(',"requests":')
-    memory_head, _, memory_map = written.partition(',"requests":')
-    assert head == memory_head
-
-    assert engine_ids_cut(streamed_map) == engine_ids_cut(memory_map)
+    assert without_engine_ids(exported) == without_engine_ids((memory_dir / "cap.json").read_text())
+    streamed_map = exported.partition(',"requests":')[2]
     assert [e.request for e in cap.requests] == [e["request"] for e in json.loads(streamed_map[:-1])]
 
 
@@ -293,11 +295,6 @@ def test_compiled_exact_and_cache_keyed(models: dict[str, str], tmp_path: pathli
     assert len(with_hook) == 1 and len(without_hook) == 1, (with_hook, without_hook)
 
 
-def engine_ids_cut(text: str) -> list[dict[str, Any]]:
-    """A ``requests`` map's entries with the engine ids' 8 random characters cut off."""
-    return [dict(e, request=e["request"].rpartition("-")[0]) for e in json.loads(text[:-1])]
-
-
 def test_device_staging_equals_the_direct_hand_over(models: dict[str, str], tmp_path: pathlib.Path) -> None:
     """The GPU workers' hand-over, run on CPU: staged on the device, flushed by time, checkpoints and exit."""
     engine = {"enforce_eager": True, "max_num_batched_tokens": 16, "enable_chunked_prefill": True,
@@ -307,17 +304,15 @@ def test_device_staging_equals_the_direct_hand_over(models: dict[str, str], tmp_
     staged_dir.mkdir()
     direct_dir.mkdir()
     # Checkpoints every 0.1 s drain the staging area from their own thread while steps are staged.
-    cap, results, err = run_vllm(staged_dir, models["qwen3_moe"], batches, 8,  engine=engine,
+    cap, results, err = run_vllm(staged_dir, models["qwen3_moe"], batches, 8, engine=engine,
                                  env={"TURBOSPARK_VLLM_STAGING": "device", "TURBOSPARK_ROUTER_HIST_CHECKPOINT": "0.1"})
     assert cap is not None, err
     check_exact(cap, results, models["qwen3_moe"], "qwen3_moe", staged_dir)
     direct, direct_results, err = run_vllm(direct_dir, models["qwen3_moe"], batches, 8, engine=engine)
     assert direct is not None, err
     assert [r["output"] for r in direct_results] == [r["output"] for r in results]
-    staged_head, _, staged_map = (staged_dir / "cap.json").read_text().partition(',"requests":')
-    direct_head, _, direct_map = (direct_dir / "cap.json").read_text().partition(',"requests":')
-    assert staged_head == direct_head
-    assert engine_ids_cut(staged_map) == engine_ids_cut(direct_map)
+    assert (without_engine_ids((staged_dir / "cap.json").read_text())
+            == without_engine_ids((direct_dir / "cap.json").read_text()))
 
 
 def test_device_staging_compiled_exact(models: dict[str, str], tmp_path: pathlib.Path) -> None:

@@ -252,9 +252,10 @@ def test_a_signal_mid_hand_over_writes_whole_steps(tmp_path: pathlib.Path, monke
     engine.recorder.discard()
 
 
-def run_data_parallel(engines: list[Engine], gathered: list[bool], seed: int, count: int) -> None:
+def run_data_parallel(engines: list[Engine], gathered: list[Optional[bool]], seed: int, count: int) -> None:
     """DP rank 1 of 2: before each forward the runner reports [other rank's, this rank's padded] counts; the
-    routers then see this rank's rows (own) or both ranks' rows in rank order (gathered)."""
+    routers then see this rank's rows (own) or both ranks' rows in rank order (gathered). An engine whose
+    ``gathered`` is None is no DP rank: it sees this rank's rows alone, with no counts reported."""
     rng = np.random.default_rng(seed + 100)
     for index, (output, order) in enumerate(engine_steps(seed, count)):
         total = output.total_num_scheduled_tokens
@@ -262,8 +263,9 @@ def run_data_parallel(engines: list[Engine], gathered: list[bool], seed: int, co
         other = routed(rng, counts[0], 0)
         mine = routed(rng, total, counts[1] - total)
         for engine, gathers in zip(engines, gathered):
-            engine.runner.across = torch.tensor(counts, dtype=torch.int32)
-            engine.runner._determine_batch_execution_and_padding(num_tokens=counts[1])
+            if gathers is not None:
+                engine.runner.across = torch.tensor(counts, dtype=torch.int32)
+                engine.runner._determine_batch_execution_and_padding(num_tokens=counts[1])
             engine.forward(torch.from_numpy(np.concatenate([other, mine], axis=1) if gathers else mine))
             engine.after(output, order, index)
 
@@ -272,16 +274,9 @@ def run_data_parallel(engines: list[Engine], gathered: list[bool], seed: int, co
 def test_a_data_parallel_rank_records_its_own_rows(tmp_path: pathlib.Path, gathered: bool) -> None:
     direct = Engine(tmp_path / "direct.json", "direct").data_parallel(1)
     staged = Engine(tmp_path / "staged.json", "device", rows=40, gathered=gathered).data_parallel(1)
-    run_data_parallel([direct, staged], [gathered, gathered], seed=6, count=30)
-    # The rows of this rank alone, recorded by an engine without data parallelism.
+    # ``alone``: the rows of this rank alone, recorded by an engine without data parallelism.
     alone = Engine(tmp_path / "alone.json", "direct")
-    rng = np.random.default_rng(106)
-    for index, (output, order) in enumerate(engine_steps(6, 30)):
-        total = output.total_num_scheduled_tokens
-        counts = [int(rng.integers(1, 6)), total + int(rng.integers(0, 3))]
-        routed(rng, counts[0], 0)
-        alone.forward(torch.from_numpy(routed(rng, total, counts[1] - total)))
-        alone.after(output, order, index)
+    run_data_parallel([direct, staged, alone], [gathered, gathered, None], seed=6, count=30)
     staged.handover.flush()
     assert direct.recorder.to_json() == alone.recorder.to_json()
     assert staged.recorder.to_json() == alone.recorder.to_json()
