@@ -156,6 +156,10 @@ def _stream_field(fields: dict[str, Any], num_layers: int) -> dict[str, Any]:
     name = stream.get("file")
     if not isinstance(name, str) or not name or os.path.basename(name) != name:
         raise ValueError(f"stream.file must name a file beside the capture, got {name!r}")
+    run = stream.get("run")
+    if run is not None and not (isinstance(run, str) and len(run) == 2 * fmt.RUN_BYTES
+                                and all(c in "0123456789abcdef" for c in run) and run != fmt.NO_RUN.hex()):
+        raise ValueError(f"stream.run must be {2 * fmt.RUN_BYTES} lowercase hex digits, not all 0, got {run!r}")
     size = stream.get("bytes")
     if type(size) is not int or size < 0:
         raise ValueError(f"stream.bytes must be a non-negative integer, got {size!r}")
@@ -192,6 +196,7 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     if (header.num_layers, header.num_experts) != (num_layers, num_experts):
         raise ValueError(f"{sidecar}: its header says {header.num_layers} layers x {header.num_experts} experts, "
                          f"the capture {num_layers} x {num_experts}")
+    _check_run(path, stream.get("run"), sidecar, header.run)
     dtype = fmt.id_dtype(header.id_bytes)
     found: list[list[list[tuple[int, _Segment]]]] = [[[] for _ in range(num_layers)] for _ in range(2)]
     width = top_k
@@ -253,6 +258,18 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
         _warn(sidecar, info, recomputed=bool(stale))
     return dataclasses.replace(base, top_k=top_k or (width if frames else 0), counts=counts, trace=trace, pred=pred,
                                seq=seq, phase=phase, stream=info)
+
+
+def _check_run(path: str, run: Optional[str], sidecar: str, header_run: bytes) -> None:
+    """Refuse a sidecar that is not the JSON's: another run's, left at (or written to) the same path."""
+    found = None if header_run == fmt.NO_RUN else header_run.hex()
+    if found != run:
+        def named(value: Optional[str]) -> str:
+            return value if value is not None else "none (written before run ids)"
+
+        raise ValueError(f"{sidecar} is run {named(found)}, but {path} is run {named(run)}: the JSON and the "
+                         "sidecar are two runs' files (a new recording at this path replaced one of them), and "
+                         "read together they would mix two runs")
 
 
 def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segment]], np.ndarray, int]:
