@@ -111,15 +111,17 @@ def test_the_summary_and_the_sidecar_byte_for_byte(tmp_path: Path, cls: Any) -> 
     hist.close()
     # Once a tagged pass is committed every frame carries tags: layer 0's pass reads as (seq 0, decode).
     size = 64 + (40 + 16) + (40 + 32)
+    data = (tmp_path / "c.json.trace").read_bytes()
+    run = data[24:40]  # the run id: random, the same in the header and the JSON
+    assert run != bytes(16)
     assert path.read_text() == (
         '{"num_layers":2,"num_experts":300,"top_k":2,"counts":[' + ",".join(
             ["[" + ",".join("1" if e in (1, 299) else "0" for e in range(300)) + "]",
              "[" + ",".join("1" if e in (5, 6, 7, 8) else "0" for e in range(300)) + "]"]) + "]"
-        f',"stream":{{"format":1,"file":"c.json.trace","bytes":{size},"passes":[1,2]}}}}'
+        f',"stream":{{"format":1,"run":"{run.hex()}","file":"c.json.trace","bytes":{size},"passes":[1,2]}}}}'
     )
-    data = (tmp_path / "c.json.trace").read_bytes()
     assert len(data) == size
-    head = b"TSTRACE\x00" + struct.pack("<HHB3xII36x", 1, 64, 2, 2, 300)
+    head = b"TSTRACE\x00" + struct.pack("<HHB3xII", 1, 64, 2, 2, 300) + run + bytes(20)
     assert data[:64] == head + struct.pack("<I", zlib.crc32(head))
 
     def frame(kind: int, flags: int, layer: int, rows: int, first: int, payload: bytes) -> bytes:

@@ -49,27 +49,40 @@ class FileOutline:
     width: int
     sequences: int
     tagged: bool
+    version: tuple[int, ...] = ()
 
 
 # ------------------------------------------------------------------ tasks (run on the workers)
 
-_loaded: dict[tuple[str, int, int], Capture] = {}
+_loaded: dict[tuple[Any, ...], tuple[Capture, tuple[int, ...]]] = {}
 _loaded_lock = threading.Lock()
 _KEEP = 2  # captures a process keeps loaded: the file its tasks are on, and the next
 
 
-def _load(path: str) -> Capture:
-    """``turbospark.load(path)``, parsed once per process while the file is unchanged; raises
-    ``ValueError`` naming the file (as ``turbospark analyze`` words it) when it cannot be read."""
+def _load(path: str, verify: bool = False) -> Capture:
+    return _load_version(path, verify)[0]
+
+
+def _load_version(path: str, verify: bool = False) -> tuple[Capture, tuple[int, ...]]:
+    """``turbospark.load(path)``, parsed once per process while the file is unchanged, and the version
+    of the file it read; raises ``ValueError`` naming the file (as ``turbospark analyze`` words it)
+    when it cannot be read.
+
+    The version is the JSON's inode (a checkpoint replaces the file: a new inode, even within one mtime
+    tick at the same size) with its size and mtime, and for a streamed capture how far its sidecar was
+    read (a live one grows): tasks that read two versions of one file are refused by ``analyze_files``.
+    """
     try:
         info = os.stat(path)
-        key = (os.path.abspath(path), info.st_size, info.st_mtime_ns)
+        key = (os.path.abspath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, verify)
         # One lock for all files: two threads on one file parse it once, and a JSON parse holds the GIL anyway.
         with _loaded_lock:
             if key not in _loaded:
                 while len(_loaded) >= _KEEP:
                     del _loaded[next(iter(_loaded))]
-                _loaded[key] = load(path)
+                capture = load(path, verify=verify)
+                read = -1 if capture.stream is None else capture.stream.read_bytes
+                _loaded[key] = (capture, key[1:5] + (read,))
             return _loaded[key]
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -83,9 +96,9 @@ def forget_loaded() -> None:
         _loaded.clear()
 
 
-def file_outline(path: str) -> FileOutline:
+def file_outline(path: str, verify: bool = False) -> FileOutline:
     """The task that describes one file; raises ``ValueError`` naming it when it cannot be read."""
-    capture = _load(path)
+    capture, version = _load_version(path, verify)
 
     def shapes(rows: Optional[tuple[np.ndarray, ...]]) -> Optional[tuple[np.ndarray, ...]]:
         return None if rows is None else tuple(np.empty((row.shape[0], 0), dtype=np.int64) for row in rows)
@@ -94,58 +107,63 @@ def file_outline(path: str) -> FileOutline:
                        shapes(capture.trace), shapes(capture.pred), capture.router_logits, None, None,
                        capture.pilot_distance, capture.trace_cap, capture.trace_dropped, requests=capture.requests)
     if capture.seq is not None:
-        return FileOutline(path, skeleton, input_width(capture, capture.seq), len(sequence_ids(capture)), True)
+        return FileOutline(path, skeleton, input_width(capture, capture.seq), len(sequence_ids(capture)), True,
+                           version)
     # Untagged: merge makes all its passes sequence 0 (a requests map then takes its own length).
     routed = any(capture.trace[layer].shape[0] for layer in range(capture.num_layers)) if capture.trace is not None \
         else bool(capture.totals.any())
     width = len(capture.requests) if capture.requests is not None else int(routed)
-    return FileOutline(path, skeleton, width, int(routed), False)
+    return FileOutline(path, skeleton, width, int(routed), False, version)
 
 
 def layer_task(path: str, layer: int, windows: Sequence[int], caches: Sequence[int],
-               header: dict[str, int]) -> tuple[Optional[FileOutline], Optional[LayerPart]]:
+               header: dict[str, int], verify: bool = False
+               ) -> tuple[Optional[FileOutline], Optional[LayerPart], tuple[int, ...]]:
     """The task for one (file, layer): the layer's exact partial state, and for layer 0 the file's outline
     too. A file whose geometry is not ``header`` (the first file's) gives no part: the outline makes
-    ``merge``'s refusal."""
-    capture = _load(path)
-    outline = file_outline(path) if layer == 0 else None
+    ``merge``'s refusal. Also the version of the file it read (``_load_version``)."""
+    capture, version = _load_version(path, verify)
+    outline = file_outline(path, verify) if layer == 0 else None
     if capture.header != header:
-        return outline, None
-    return outline, layer_part(capture, layer, windows, caches)
+        return outline, None, version
+    return outline, layer_part(capture, layer, windows, caches), version
 
 
 # ------------------------------------------------------------------ the job (run by the client)
 
 
 def analyze_files(paths: Sequence[str], windows: Iterable[int], caches: Iterable[int] = (),
-                  run: Optional[Runner] = None) -> tuple[dict[str, Any], Heading]:
+                  run: Optional[Runner] = None, verify: bool = False) -> tuple[dict[str, Any], Heading]:
     """The ``analyze`` document of the merge of ``paths`` (of the file itself when there is one), and the
     ``report.Heading`` that ``format_report`` needs beside it for the text report.
 
     ``run`` maps the tasks (default: in this process). Raises ``ValueError`` naming the file for an
     unreadable or malformed capture, or with ``merge``'s message for files it would not merge, and for
-    a window or cache size below 1.
+    a window or cache size below 1, and for a file whose tasks read two versions of it (a live capture
+    checkpointed meanwhile: its layers would mix two checkpoints). ``verify`` loads with ``verify=True``.
     """
     window_sizes, cache_sizes = _sizes(windows, "window size"), _sizes(caches, "cache size")
     mapper = run if run is not None else _local
     try:
-        header = mapper(file_outline, [paths[0]])[0].skeleton.header
+        header = mapper(file_outline, [paths[0]], [verify])[0].skeleton.header
         layers = header["num_layers"]
         # File-major order: a worker's consecutive tasks share the capture it has loaded.
         jobs = [(path, layer) for path in paths for layer in range(layers)]
         results = mapper(layer_task, [p for p, _ in jobs], [l for _, l in jobs], [window_sizes] * len(jobs),
-                         [cache_sizes] * len(jobs), [header] * len(jobs))
+                         [cache_sizes] * len(jobs), [header] * len(jobs), [verify] * len(jobs))
     finally:
         if run is None:
             forget_loaded()
+    _check_versions(jobs, [version for _, _, version in results])
     # A capture of no layers has no layer tasks to describe it.
-    outlines = [outline for outline, _ in results if outline is not None] or [file_outline(p) for p in paths]
+    outlines = [outline for outline, _, _ in results if outline is not None] or [file_outline(p, verify)
+                                                                                 for p in paths]
     if len(outlines) == 1:
         tagged = outlines[0].tagged
     else:
         tagged = check_mergeable([(o.name, o.skeleton) for o in outlines], [o.width for o in outlines],
                                  [o.tagged for o in outlines])
-    parts = [part for _, part in results]
+    parts = [part for _, part, _ in results]
     summed = parts[:layers]
     for index, part in enumerate(parts[layers:]):
         assert part is not None and summed[index % layers] is not None  # check_mergeable refused other geometries
@@ -158,6 +176,16 @@ def analyze_files(paths: Sequence[str], windows: Iterable[int], caches: Iterable
     bad_counts = count_sum_failures(Capture(first.num_layers, first.num_experts, first.top_k,
                                             _stacked(final, first.num_experts)))
     return doc, Heading(first.trace is not None, first.pred is not None, bad_counts, bad_trace, dropped)
+
+
+def _check_versions(jobs: list[tuple[str, int]], versions: list[tuple[int, ...]]) -> None:
+    """Refuse a file whose layer tasks read different versions of it (a checkpoint landed between them)."""
+    seen: dict[str, tuple[int, ...]] = {}
+    for (path, layer), version in zip(jobs, versions):
+        if seen.setdefault(path, version) != version:
+            raise ValueError(f"{path} changed while it was analysed (a live capture's checkpoint replaced it, or "
+                             f"its sidecar grew, between the tasks of layers 0 and {layer}): its layers would mix "
+                             "two versions; analyze it again, or a copy of it")
 
 
 def _stacked(parts: list[LayerPart], num_experts: int) -> np.ndarray:

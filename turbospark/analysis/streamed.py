@@ -33,10 +33,16 @@ import numpy as np
 
 from ..recording import _stream_format as fmt
 
-__all__ = ["LayerRows", "StreamInfo", "load_streamed"]
+__all__ = ["DamagedCapture", "LayerRows", "StreamInfo", "load_streamed"]
 
 # How much of the sidecar the header walk reads before handing its pages back.
 _RELEASE_BYTES = 16 << 20
+
+
+class DamagedCapture(ValueError):
+    """A layer built from a streamed capture's frames holds a value no recorder writes (an id, sequence
+    id or phase out of range): a frame the summary covers is damaged (those are not checksummed unless
+    ``verify=True``). Raised when the layer is first built."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +55,10 @@ class StreamInfo:
     tail); ``recovered_passes`` / ``missing_passes``: per layer, passes on
     disk beyond what the summary counts, and passes the summary counts that
     are not on disk (both (num_layers,) int64); ``stranded_frames``: whole
-    frames not used because rows before them are missing (a failed write).
+    frames not used because rows before them are missing (a failed write);
+    ``unmapped_passes``: per layer, passes recovered beyond the summary that
+    were dropped because their sequence ids are not in its ``requests`` map
+    (they began after the last checkpoint), or None without a map.
     """
 
     path: str
@@ -60,6 +69,7 @@ class StreamInfo:
     recovered_passes: np.ndarray
     missing_passes: np.ndarray
     stranded_frames: int = 0
+    unmapped_passes: Optional[np.ndarray] = None
 
 
 class LayerRows(Sequence):  # type: ignore[type-arg]
@@ -139,12 +149,13 @@ class LayerRows(Sequence):  # type: ignore[type-arg]
 
 
 class _Segment:
-    __slots__ = ("offset", "rows", "tagged")
+    __slots__ = ("offset", "rows", "tagged", "span")
 
-    def __init__(self, offset: int, rows: int, tagged: bool) -> None:
+    def __init__(self, offset: int, rows: int, tagged: bool, span: Optional[int] = None) -> None:
         self.offset = offset  # of the payload
-        self.rows = rows
+        self.rows = rows  # the rows used: the frame's first ``rows``
         self.tagged = tagged
+        self.span = rows if span is None else span  # the rows the frame holds (its columns' layout)
 
 
 def _stream_field(fields: dict[str, Any], num_layers: int) -> dict[str, Any]:
@@ -156,6 +167,10 @@ def _stream_field(fields: dict[str, Any], num_layers: int) -> dict[str, Any]:
     name = stream.get("file")
     if not isinstance(name, str) or not name or os.path.basename(name) != name:
         raise ValueError(f"stream.file must name a file beside the capture, got {name!r}")
+    run = stream.get("run")
+    if run is not None and not (isinstance(run, str) and len(run) == 2 * fmt.RUN_BYTES
+                                and all(c in "0123456789abcdef" for c in run) and run != fmt.NO_RUN.hex()):
+        raise ValueError(f"stream.run must be {2 * fmt.RUN_BYTES} lowercase hex digits, not all 0, got {run!r}")
     size = stream.get("bytes")
     if type(size) is not int or size < 0:
         raise ValueError(f"stream.bytes must be a non-negative integer, got {size!r}")
@@ -192,6 +207,7 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     if (header.num_layers, header.num_experts) != (num_layers, num_experts):
         raise ValueError(f"{sidecar}: its header says {header.num_layers} layers x {header.num_experts} experts, "
                          f"the capture {num_layers} x {num_experts}")
+    _check_run(path, stream.get("run"), sidecar, header.run)
     dtype = fmt.id_dtype(header.id_bytes)
     found: list[list[list[tuple[int, _Segment]]]] = [[[] for _ in range(num_layers)] for _ in range(2)]
     width = top_k
@@ -226,33 +242,128 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
         data.madvise(mmap.MADV_DONTNEED)
     (passes, on_disk, stranded), (preds, pred_rows, stranded_preds) = (_ordered(found[0]), _ordered(found[1]))
     stated = np.array(stream["passes"], dtype=np.int64)
+    requests = base.requests
+    unmapped = None
+    if requests is not None:
+        unmapped = _drop_unmapped(file, passes, stated, len(requests))
+        on_disk = on_disk - unmapped
     recovered = np.maximum(on_disk - stated, 0)
     missing = np.maximum(stated - on_disk, 0)
     info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing,
-                      stranded + stranded_preds)
+                      stranded + stranded_preds, unmapped)
 
     release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if can_release else None
-    trace = LayerRows(num_layers, lambda layer: _ids(file, passes[layer], dtype, width),
-                      lambda layer, lo, hi: _ids(file, passes[layer], dtype, width, lo, hi),
+    # Frames the summary covers are not checksummed by default: a value out of range in one is refused
+    # when its layer is built (a max over the rows read anyway), never handed on to crash an analysis.
+    check = _Checks(sidecar, num_experts, dtype, None if requests is None else len(requests))
+    trace = LayerRows(num_layers, lambda layer: check.ids("trace", layer, _ids(file, passes[layer], dtype, width)),
+                      lambda layer, lo, hi: check.ids("trace", layer, _ids(file, passes[layer], dtype, width, lo, hi)),
                       on_disk.tolist(), release)
-    pred = (LayerRows(num_layers, lambda layer: _ids(file, preds[layer], dtype, width),
-                      lambda layer, lo, hi: _ids(file, preds[layer], dtype, width, lo, hi),
+    pred = (LayerRows(num_layers, lambda layer: check.ids("pred", layer, _ids(file, preds[layer], dtype, width)),
+                      lambda layer, lo, hi: check.ids("pred", layer, _ids(file, preds[layer], dtype, width, lo, hi)),
                       pred_rows.tolist(), release)
             if stream.get("predictions") is not None else None)
     seq = phase = None
     if any(segment.tagged for layer in passes for segment in layer):
-        seq = LayerRows(num_layers, lambda layer: _tags(file, passes[layer], header.id_bytes, width, 0))
-        phase = LayerRows(num_layers, lambda layer: _tags(file, passes[layer], header.id_bytes, width, 1))
+        seq = LayerRows(num_layers,
+                        lambda layer: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0)))
+        phase = LayerRows(num_layers,
+                          lambda layer: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width, 1)))
     counts = base.counts
     stale = np.flatnonzero((on_disk != stated) | (missing > 0)).tolist()
     if stale:
         counts = counts.copy()
         for layer in stale:
             counts[layer] = np.bincount(trace[layer].ravel(), minlength=num_experts)[:num_experts]
-    if stale or info.dropped_bytes or info.stranded_frames:
+    if stale or info.dropped_bytes or info.stranded_frames or (unmapped is not None and unmapped.any()):
         _warn(sidecar, info, recomputed=bool(stale))
     return dataclasses.replace(base, top_k=top_k or (width if frames else 0), counts=counts, trace=trace, pred=pred,
                                seq=seq, phase=phase, stream=info)
+
+
+_VERIFY = "a damaged frame: turbospark.load(..., verify=True) (--verify) checks every frame's checksum"
+
+
+class _Checks:
+    """The range checks of a layer's rows as it is built."""
+
+    def __init__(self, sidecar: str, num_experts: int, dtype: np.dtype, sequences: Optional[int]) -> None:
+        self.sidecar = sidecar
+        self.num_experts = num_experts
+        # A width every value of which is an id (256 experts in uint8) needs no check.
+        self.bounded = num_experts > int(np.iinfo(dtype).max)
+        self.sequences = sequences
+
+    def ids(self, what: str, layer: int, rows: np.ndarray) -> np.ndarray:
+        if not self.bounded and rows.size:
+            top = int(rows.max())
+            if top >= self.num_experts:
+                raise DamagedCapture(f"{self.sidecar}: {what}[{layer}] holds expert id {top}, outside "
+                                     f"0..{self.num_experts - 1} ({_VERIFY})")
+        return rows
+
+    def seq(self, layer: int, rows: np.ndarray) -> np.ndarray:
+        if rows.size:
+            low = int(rows.min())
+            if low < 0:
+                raise DamagedCapture(f"{self.sidecar}: seq[{layer}] holds a negative sequence id {low} ({_VERIFY})")
+            top = int(rows.max())
+            if self.sequences is not None and top >= self.sequences:
+                raise DamagedCapture(f"{self.sidecar}: seq[{layer}] holds sequence id {top}, but requests "
+                                     f"describes only {self.sequences} sequences ({_VERIFY})")
+        return rows
+
+    def phase(self, layer: int, rows: np.ndarray) -> np.ndarray:
+        if rows.size:
+            top = int(rows.max())
+            if top > 1:
+                raise DamagedCapture(f"{self.sidecar}: phase[{layer}] holds {top}; a phase is 0 (prompt) or 1 "
+                                     f"(decode) ({_VERIFY})")
+        return rows
+
+
+def _drop_unmapped(file: "_Sidecar", passes: list[list[_Segment]], stated: np.ndarray, sequences: int) -> np.ndarray:
+    """Per layer, cut the passes recovered beyond the summary at the first whose sequence id its ``requests``
+    map lacks (a request that began after the last checkpoint); returns the passes dropped per layer.
+
+    An in-memory capture whose seq holds an id its map lacks is refused; recovered rows are the
+    summary's future, so they are kept up to the first such pass instead, and the rest is said dropped.
+    Those frames were checksummed at load (they lie beyond the summary), so their ids are the writer's.
+    """
+    dropped = np.zeros(len(passes), dtype=np.int64)
+    for layer, segments in enumerate(passes):
+        start = 0
+        for index, s in enumerate(segments):
+            end = start + s.rows
+            if end > stated[layer]:
+                if s.tagged:
+                    ids = file.gather([(s.offset, s.rows)], np.dtype("<i8"))
+                    skip = max(int(stated[layer]) - start, 0)
+                    bad = np.flatnonzero(ids[skip:] >= sequences)
+                else:
+                    bad = np.zeros(1, dtype=np.int64) if sequences == 0 else np.zeros(0, dtype=np.int64)
+                    skip = max(int(stated[layer]) - start, 0)
+                if bad.size:
+                    keep = skip + int(bad[0])
+                    dropped[layer] = sum(t.rows for t in segments[index:]) - keep
+                    del segments[index:]
+                    if keep:
+                        segments.append(_Segment(s.offset, keep, s.tagged, s.span))
+                    break
+            start = end
+    return dropped
+
+
+def _check_run(path: str, run: Optional[str], sidecar: str, header_run: bytes) -> None:
+    """Refuse a sidecar that is not the JSON's: another run's, left at (or written to) the same path."""
+    found = None if header_run == fmt.NO_RUN else header_run.hex()
+    if found != run:
+        def named(value: Optional[str]) -> str:
+            return value if value is not None else "none (written before run ids)"
+
+        raise ValueError(f"{sidecar} is run {named(found)}, but {path} is run {named(run)}: the JSON and the "
+                         "sidecar are two runs' files (a new recording at this path replaced one of them), and "
+                         "read together they would mix two runs")
 
 
 def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segment]], np.ndarray, int]:
@@ -329,7 +440,7 @@ def _ids(file: _Sidecar, segments: list[_Segment], dtype: np.dtype, width: int, 
     for s in segments:
         first, last = max(lo, start), s.rows + start if hi is None else min(hi, start + s.rows)
         if first < last:
-            skip = (8 * s.rows if s.tagged else 0) + (first - start) * width * dtype.itemsize
+            skip = (8 * s.span if s.tagged else 0) + (first - start) * width * dtype.itemsize
             pieces.append((s.offset + skip, (last - first) * width))
         start += s.rows
     if not pieces:
@@ -343,7 +454,7 @@ def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, c
 
     def column_at(s: _Segment) -> tuple[int, int]:
         # A tagged frame's payload: the seq column, the ids, then the phase column.
-        return (s.offset if column == 0 else s.offset + s.rows * (8 + width * id_bytes)), s.rows
+        return (s.offset if column == 0 else s.offset + s.span * 8 + (s.span * width * id_bytes)), s.rows
 
     if all(s.tagged for s in segments) and segments:
         return file.gather([column_at(s) for s in segments], dtype)
@@ -368,6 +479,10 @@ def _warn(sidecar: str, info: StreamInfo, *, recomputed: bool) -> None:
                     f"(per layer {info.recovered_passes.tolist()})")
     if info.stranded_frames:
         said.append(f"{info.stranded_frames} whole frames follow a gap in their layer's rows and were not used")
+    if info.unmapped_passes is not None and info.unmapped_passes.any():
+        said.append(f"{int(info.unmapped_passes.sum())} recovered passes of sequences the requests map does not "
+                    f"describe (begun after the last checkpoint) were dropped (per layer "
+                    f"{info.unmapped_passes.tolist()})")
     if info.missing_passes.any():
         said.append(f"{int(info.missing_passes.sum())} passes the capture counts are not on disk "
                     f"(per layer {info.missing_passes.tolist()})")

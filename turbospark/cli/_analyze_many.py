@@ -35,7 +35,8 @@ def analyze_many(args: argparse.Namespace) -> int:
         if args.dask is not None:
             client, cluster = connect(args.dask)
         run = None if client is None else dask_runner(client)
-        result, heading = analyze_files(args.capture, args.window or DEFAULT_WINDOWS, args.cache or (), run=run)
+        result, heading = analyze_files(args.capture, args.window or DEFAULT_WINDOWS, args.cache or (), run=run,
+                                        verify=args.verify)
     except (ImportError, ValueError) as exc:
         print(f"turbospark: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any, Callable
 
-from ._io import UsageError, draw_document, emit, read_capture, run_guarded
+from ._io import UsageError, add_verify, draw_document, emit, read_capture, run_guarded
 from ..analysis.cache import DEFAULT_POLICIES, POLICIES, cache_report, parse_policies, parse_slots
 
 __all__ = ["add_command", "cache_lines", "draw_cache", "parse_bytes"]
@@ -55,6 +55,7 @@ def add_command(commands: Any, positive: Callable[[str], int]) -> None:
                      "B rows forms, as place --batch does (default: the recorder's order)")
     cmd.add_argument("--json", action="store_true", help="print the JSON document instead of the tables")
     cmd.add_argument("-o", "--output", metavar="FILE", help="write the output to FILE instead of stdout")
+    add_verify(cmd)
     cmd.set_defaults(run=lambda args: run_guarded(_run_cache, args))
 
 

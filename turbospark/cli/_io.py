@@ -3,15 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import os
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..recording._atomic import write_atomic
 from ..analysis.capture import Capture, load
 from ..analysis.capture_sequences import Sequences, sequences
 
-__all__ = ["UsageError", "draw_document", "emit", "read_capture", "run_guarded"]
+__all__ = ["UsageError", "add_verify", "draw_document", "emit", "read_capture", "run_guarded", "verifying",
+           "verify_requested"]
+
+# --verify of the command being run: every load the command makes, however deep, reads it.
+_VERIFY: contextvars.ContextVar[bool] = contextvars.ContextVar("turbospark_cli_verify", default=False)
+
+
+def add_verify(parser: argparse.ArgumentParser) -> None:
+    """The ``--verify`` option of a command that loads captures."""
+    parser.add_argument("--verify", action="store_true",
+                        help="check every frame's checksum of a streamed capture's sidecar (by default the frames "
+                        "its JSON covers are trusted, and a damaged one is found only by a value out of range)")
+
+
+@contextlib.contextmanager
+def verifying(verify: bool) -> Iterator[None]:
+    """Every capture loaded inside the block is loaded with ``verify``."""
+    token = _VERIFY.set(verify)
+    try:
+        yield
+    finally:
+        _VERIFY.reset(token)
+
+
+def verify_requested() -> bool:
+    return _VERIFY.get()
 
 
 class UsageError(Exception):
@@ -21,7 +48,7 @@ class UsageError(Exception):
 def read_capture(path: str, *, with_sequences: bool = False) -> tuple[Capture, Optional[Sequences]]:
     """Load the capture at ``path`` (and its seq/phase when asked); raises ``UsageError`` naming the file."""
     try:
-        capture = load(path)
+        capture = load(path, verify=verify_requested())
         return capture, (sequences(capture) if with_sequences else None)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None

@@ -19,6 +19,8 @@ from .. import __version__
 from ..analysis.metrics import DEFAULT_WINDOWS, analyze, self_test
 from ..analysis.capture import Capture, load
 from ..analysis.report import format_report
+from ..analysis.streamed import DamagedCapture
+from ._io import add_verify, verify_requested
 
 __all__ = ["main"]
 
@@ -36,8 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_UNUSABLE
+    from ._io import verifying
+
     try:
-        return int(args.run(args))
+        with verifying(getattr(args, "verify", False)):
+            return int(args.run(args))
     except BrokenPipeError:
         # `turbospark analyze ... | head`: the reader left; exit quietly, and
         # point stdout at devnull so the interpreter's final flush cannot fail.
@@ -64,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
                              help="capture JSON file; several: the report of their merge (turbospark merge), "
                              "computed per file and layer without merging")
     _add_analysis_options(analyze_cmd)
+    add_verify(analyze_cmd)
     analyze_cmd.add_argument("--dask", metavar="ADDRESS",
                              help="run the per-(file, layer) tasks on a Dask cluster: a scheduler address "
                              "(tcp://host:8786), or local for a LocalCluster here (needs pip install "
@@ -104,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-window", type=_positive, default=16, metavar="M",
         help="largest window M on the window-distinct curve (default 16)",
     )
+    add_verify(plot_cmd)
     plot_cmd.set_defaults(run=_run_plot)
 
     from .demo import DEFAULTS  # light: no recorder import until the demo runs
@@ -203,7 +210,7 @@ def _positive(text: str) -> int:
 
 def _load(path: str) -> Capture | None:
     try:
-        return load(path)
+        return load(path, verify=verify_requested())
     except (OSError, ValueError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         print(f"turbospark: cannot read {path}: {detail}", file=sys.stderr)
@@ -225,7 +232,11 @@ def _run_analyze(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"turbospark: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    return _report(capture, args, self_testing=args.self_test, extra=extra)
+    try:
+        return _report(capture, args, self_testing=args.self_test, extra=extra)
+    except DamagedCapture as exc:
+        print(f"turbospark: cannot read {args.capture[0]}: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
 
 
 def _report(capture: Capture, args: argparse.Namespace, *, self_testing: bool = False, extra: Any = None) -> int:
@@ -307,6 +318,9 @@ def _run_plot(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     except OSError as exc:
         print(f"turbospark: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except DamagedCapture as exc:
+        print(f"turbospark: cannot read {args.capture}: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     except ValueError as exc:  # an image format matplotlib does not know
         print(f"turbospark: cannot write {output}: {exc}", file=sys.stderr)

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._io import UsageError, draw_document, emit, read_capture, run_guarded
+from ._io import UsageError, add_verify, draw_document, emit, read_capture, run_guarded
 from ..recording._atomic import atomic_output
 from ..analysis.capture_sequences import exact_fraction
 from ..analysis.capture import Capture
@@ -65,6 +65,7 @@ def add_commands(commands: Any, positive: Any) -> None:
     cmd.add_argument("-o", "--output", metavar="FILE",
                      help="file to write, - for stdout (default: stdout when it is not a terminal; "
                      "on a terminal only the summary is printed)")
+    add_verify(cmd)
     cmd.set_defaults(run=lambda args: run_guarded(_run_place, args))
 
     export = commands.add_parser(
@@ -89,6 +90,7 @@ def add_commands(commands: Any, positive: Any) -> None:
                         "parquet a directory that does not exist or is empty)")
     export.add_argument("--rank", type=int, metavar="N",
                         help="--to parquet: the rank of the first CAPTURE (default 0); the i-th gets N + i")
+    add_verify(export)
     export.set_defaults(run=lambda args: run_guarded(_run_export, args))
 
 

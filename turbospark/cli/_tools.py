@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ._io import UsageError, emit, read_capture, run_guarded
+from ._io import UsageError, add_verify, emit, read_capture, run_guarded
 from ..analysis.compare import compare, compare_lines, geometry_mismatch
 
 __all__ = ["add_commands"]
@@ -24,6 +24,7 @@ def add_commands(commands: Any) -> None:
     cmd.add_argument("a", metavar="A", help="capture JSON file")
     cmd.add_argument("b", metavar="B", help="capture JSON file")
     cmd.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    add_verify(cmd)
     cmd.set_defaults(run=lambda args: run_guarded(_run_compare, args))
 
     merge = commands.add_parser(
@@ -34,6 +35,7 @@ def add_commands(commands: Any) -> None:
     )
     merge.add_argument("inputs", metavar="CAPTURE", nargs="+", help="capture JSON files (at least two)")
     merge.add_argument("-o", "--output", metavar="FILE", required=True, help="merged capture to write")
+    add_verify(merge)
     merge.set_defaults(run=lambda args: run_guarded(_run_merge, args))
 
 

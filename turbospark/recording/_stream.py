@@ -19,11 +19,17 @@ take close together may reach the file in either order.
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import threading
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 from . import _lifecycle, _stream_format as fmt
 from ._atomic import describe_os_error
@@ -50,24 +56,90 @@ class Written(NamedTuple):
     lost_predictions: list[int]
 
 
-class StreamWriter:
-    """The sidecar of one streamed recorder: created (truncated) at construction, appended to by a thread."""
+class StreamBusy(OSError):
+    """The sidecar is another live recorder's (its lock is held): two recorders on one path are refused."""
 
-    def __init__(self, path: str, num_layers: int, num_experts: int) -> None:
-        self.path = path
-        self._num_layers = num_layers
-        self._dtype = fmt.id_dtype(fmt.id_bytes(num_experts))
-        # A new file, never the old one truncated: a capture loaded from the old sidecar maps it,
-        # and truncating a mapped file under a reader makes its next access a SIGBUS.
+
+def _create_owned(path: str) -> int:
+    """A new sidecar at ``path``, locked (``flock``) for as long as its descriptor is open.
+
+    A new file, never the old one truncated: a capture loaded from the old
+    sidecar maps it, and truncating a mapped file under a reader makes its next
+    access a SIGBUS. An old sidecar whose lock is held belongs to a recorder
+    still recording: ``StreamBusy``, rather than two recorders silently
+    writing one capture. The old file's lock is held while it is unlinked and
+    the new one locked, and a file that changed meanwhile is looked at again,
+    so of recorders starting together on one path exactly one proceeds.
+    """
+    flags = os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(8):
+        old = None
         try:
-            os.unlink(path)
+            old = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             pass
-        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                                          0o666)
-        header = fmt.pack_header(num_layers, num_experts)
+        try:
+            if old is not None:
+                if not _lock(old):
+                    raise StreamBusy(errno.EBUSY, "another streamed recorder is recording to it (it holds the "
+                                     "file's lock); give each recorder its own path ({rank} or {pid} in it)", path)
+                if not _same_file(old, path):
+                    continue  # replaced meanwhile: look at the new one
+                os.unlink(path)
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileExistsError:
+                continue  # another recorder made it first: look at it
+            if _lock(fd) and _same_file(fd, path):
+                return fd
+            os.close(fd)  # another recorder took it over at once: it records, this one does not
+            raise StreamBusy(errno.EBUSY, "another streamed recorder started on it at the same moment", path)
+        finally:
+            if old is not None:
+                os.close(old)
+    raise StreamBusy(errno.EBUSY, "it kept changing while this recorder started (other recorders on one path?)", path)
+
+
+def _lock(fd: int) -> bool:
+    if fcntl is None:
+        return True  # no flock here: the refusal is not available, the run id still tells two runs apart
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return True  # a file system without flock: as without fcntl
+        raise
+    return True
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+class StreamWriter:
+    """The sidecar of one streamed recorder: created (a new file, locked) at construction, appended to by a thread."""
+
+    def __init__(self, path: str, num_layers: int, num_experts: int, run: bytes = fmt.NO_RUN) -> None:
+        header = fmt.pack_header(num_layers, num_experts, run)  # ValueError for sizes it cannot hold: no file yet
+        self.path = path
+        self.run = run
+        self._num_layers = num_layers
+        self._dtype = fmt.id_dtype(fmt.id_bytes(num_experts))
+        self._fd: Optional[int] = _create_owned(path)
         self._size = 0
-        self._append(header)
+        try:
+            self._append(header)
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
         self._passes = [0] * num_layers
         self._predictions = [0] * num_layers
         self._lost_passes = [0] * num_layers

@@ -12,7 +12,8 @@ All integers are little-endian. The file is a 64-byte header, then frames::
      13  3  reserved (0)
      16  4  num_layers
      20  4  num_experts
-     24 36  reserved (0)
+     24 16  run id: random bytes the JSON's "stream" member repeats (all 0: written before run ids)
+     40 20  reserved (0)
      60  4  CRC-32 of bytes 0..59
 
     frame (40-byte header, then the payload, padded to a multiple of 8 bytes)
@@ -37,6 +38,7 @@ follows it is reported as dropped, never read.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from typing import NamedTuple
@@ -53,7 +55,12 @@ PREDICTIONS = 1
 TAGGED = 1
 SUFFIX = ".trace"
 
-_HEADER = struct.Struct("<8sHHB3xII36x")
+_HEADER = struct.Struct("<8sHHB3xII16s20x")
+RUN_BYTES = 16
+#: The run id of a sidecar written before run ids (the reserved bytes were 0).
+NO_RUN = bytes(RUN_BYTES)
+#: The largest num_layers and num_experts the header's 4-byte fields hold.
+MAX_FIELD = 2**32 - 1
 _FRAME = struct.Struct("<4sBBxxIII4xQI")
 
 
@@ -66,8 +73,25 @@ def id_dtype(width_bytes: int) -> np.dtype:
     return np.dtype({1: "<u1", 2: "<u2", 4: "<u4"}[width_bytes])
 
 
-def pack_header(num_layers: int, num_experts: int) -> bytes:
-    body = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, id_bytes(num_experts), num_layers, num_experts)
+def check_sizes(num_layers: int, num_experts: int) -> None:
+    """Raise ValueError when the header's 4-byte fields cannot hold the sizes (before any file is made)."""
+    for name, value in (("num_layers", num_layers), ("num_experts", num_experts)):
+        if not 0 <= value <= MAX_FIELD:
+            raise ValueError(f"trace='stream' records {name} up to {MAX_FIELD} (its sidecar header holds 4 bytes), "
+                             f"got {name}={value}; use trace=True")
+
+
+def new_run() -> bytes:
+    """A fresh run id: what binds a sidecar to the JSON written beside it."""
+    run = os.urandom(RUN_BYTES)
+    return run if run != NO_RUN else b"\x01" + run[1:]
+
+
+def pack_header(num_layers: int, num_experts: int, run: bytes = NO_RUN) -> bytes:
+    check_sizes(num_layers, num_experts)
+    if len(run) != RUN_BYTES:
+        raise ValueError(f"a run id is {RUN_BYTES} bytes, got {len(run)}")
+    body = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, id_bytes(num_experts), num_layers, num_experts, run)
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -75,13 +99,14 @@ class Header(NamedTuple):
     id_bytes: int
     num_layers: int
     num_experts: int
+    run: bytes = NO_RUN
 
 
 def unpack_header(data: bytes) -> Header:
     """The header of a sidecar (its first 64 bytes); raises ValueError naming what is wrong."""
     if len(data) < HEADER_SIZE:
         raise ValueError(f"the file is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
-    magic, version, size, width, layers, experts = _HEADER.unpack_from(data)
+    magic, version, size, width, layers, experts, run = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ValueError(f"it does not start with {MAGIC!r} (found {magic!r}): not a turbospark trace stream")
     (crc,) = struct.unpack_from("<I", data, HEADER_SIZE - 4)
@@ -91,7 +116,7 @@ def unpack_header(data: bytes) -> Header:
         raise ValueError(f"format version {version} (header size {size}); this turbospark reads version {VERSION}")
     if width not in (1, 2, 4) or width != id_bytes(experts):
         raise ValueError(f"id width {width} bytes does not fit num_experts={experts}")
-    return Header(width, layers, experts)
+    return Header(width, layers, experts, run)
 
 
 def padded(size: int) -> int:

@@ -144,6 +144,10 @@ class _Facade(_CoreBase):
             raise ValueError(f"pilot must be None, 'next' or 'self', got {pilot!r}")
         logits_layer, logits_pass = _logits_request(router_logits, layers)
         streamed = _stream_mode(trace)
+        if streamed:
+            # Before anything is created (an invalid size, from the environment too): the sidecar's
+            # header holds each size in 4 bytes.
+            _stream_format.check_sizes(layers, experts)
         if from_env and trace_cap is not None and streamed:
             warn_caller(f"ignoring {_env.TRACE_CAP}={trace_cap}: the trace is streamed to disk "
                         f"({_env.TRACE}=stream), which keeps memory bounded without dropping passes")
@@ -166,6 +170,10 @@ class _Facade(_CoreBase):
             warn_caller(_pilot_without_trace(pilot, given if from_env else frozenset({"trace", "pilot"})))
         # {rank} and {pid} may name the directory too: check where the write will go.
         path = _paths.per_process(text)
+        if streamed:
+            # The sidecar is opened now, the JSON written later: a relative path and an os.chdir
+            # in between must not put them in two directories.
+            path = os.path.abspath(path)
         try:
             check_destination(path)
         except OSError as exc:
@@ -182,10 +190,12 @@ class _Facade(_CoreBase):
         stream = None
         if streamed:
             try:
-                stream = _stream.StreamWriter(path + _stream_format.SUFFIX, layers, experts)
+                stream = _stream.StreamWriter(path + _stream_format.SUFFIX, layers, experts, _stream_format.new_run())
             except OSError as exc:
-                if not from_env:
-                    raise OSError(exc.errno, f"cannot create the streamed trace: {exc.strerror}",
+                if not from_env or isinstance(exc, _stream.StreamBusy):
+                    # Busy, from the environment too: an in-memory trace would still overwrite the
+                    # other recorder's JSON at this path.
+                    raise type(exc)(exc.errno, f"cannot create the streamed trace: {exc.strerror}",
                                   path + _stream_format.SUFFIX) from None
                 warn_caller(f"{_env.TRACE}=stream: cannot create {path + _stream_format.SUFFIX!r}: {exc.strerror}; "
                             "keeping the trace in memory instead")
@@ -208,8 +218,23 @@ class _Facade(_CoreBase):
         self._write_lock = threading.RLock()
         self._checkpointer: Optional[_checkpoint.Checkpointer] = None
         _lifecycle.register(self)
+        if stream is not None:
+            self._write_initial(from_env)
         if seconds is not None:
             self._checkpointer = _checkpoint.Checkpointer(self, seconds)
+
+    def _write_initial(self, from_env: bool) -> None:
+        """A streamed recorder's first JSON, written as it starts: an old run's JSON at this path never
+        sits beside the new sidecar (a crash before the first checkpoint leaves this run's capture)."""
+        try:
+            self.write()
+        except OSError as exc:
+            if from_env:
+                warn_caller(f"{_env.HIST}={self._path!r}: cannot write the capture there: {exc.strerror}; "
+                            "recording anyway, but it will be lost unless that is fixed before it is written")
+                return
+            self.discard()
+            raise OSError(exc.errno, f"cannot write the streamed capture's JSON: {exc.strerror}", self._path) from None
 
     @classmethod
     def from_env(cls: type[_Self], num_layers: int, num_experts: int, top_k: int = 0) -> Optional[_Self]:
@@ -372,7 +397,8 @@ class _Facade(_CoreBase):
         # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
         # taken after this one may already be on disk too; the reader recovers it.
         passes = [first + _stream.rows_in(trace, width) for first, trace, _, _, _, _ in rows]
-        stream = (f',"stream":{{"format":{_stream_format.VERSION},"file":"{_json_name(self._stream.path)}",'
+        stream = (f',"stream":{{"format":{_stream_format.VERSION},"run":"{self._stream.run.hex()}",'
+                  f'"file":"{_json_name(self._stream.path)}",'
                   f'"bytes":{written.size},"passes":{_ints(passes)}')
         if self.pilot_enabled():
             predictions = [first + _stream.rows_in(pred, width) for _, _, pred, _, _, first in rows]
