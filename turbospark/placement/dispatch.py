@@ -89,33 +89,96 @@ def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.
     return Routing(stacked, kept, len(stacked) > 1)
 
 
-def static_slots(phy2log: np.ndarray, num_experts: int, gpus: int) -> np.ndarray:
-    """(L, G, E) int64: the slot source rank g sends expert e's tokens to under SGLang's static dispatch."""
-    rng = random.Random(SGLANG_SEED)
-    return np.stack([static_layer(row, num_experts, gpus, rng) for row in phy2log])
+def static_slots(phy2log: np.ndarray, num_experts: int, gpus: int, nodes: int = 1,
+                 first_layer: int = 0) -> np.ndarray:
+    """(L, G, E) int64: the slot source rank g sends expert e's tokens to under SGLang's static
+    dispatch, each rank's map computed as that rank computes it (module docstring)."""
+    rngs = static_generators(gpus, num_experts, phy2log.shape[1], nodes, first_layer)
+    return np.stack([static_layer(row, num_experts, gpus, rngs, nodes) for row in phy2log])
 
 
-def static_layer(row: np.ndarray, num_experts: int, gpus: int, rng: random.Random) -> np.ndarray:
-    """(G, E) static dispatch slots of one layer's (S,) map, drawing from ``rng`` as SGLang does
-    (its one generator runs through the layers in order, so a layer's draws depend on the earlier ones)."""
+def static_generators(gpus: int, num_experts: int, slots: int, nodes: int = 1,
+                      first_layer: int = 0) -> list[random.Random]:
+    """Each source rank's ``random.Random(42)`` as it stands at the first MoE layer: after the
+    ``first_layer`` trivial rows (slot s holds expert s mod E) SGLang's map starts with."""
+    rngs = [random.Random(SGLANG_SEED) for _ in range(gpus)]
+    if first_layer:
+        trivial = np.arange(slots) % num_experts
+        for _ in range(first_layer):
+            static_layer(trivial, num_experts, gpus, rngs, nodes)
+    return rngs
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """What one layer's map fixes before any draw: ``candidates[e]``, the slots of expert e
+    (ascending); ``nearest`` (G, E), the slot rank g takes without drawing (-1: it draws);
+    ``draws`` (ascending) the experts some rank draws for, and ``remaining[e]`` those ranks."""
+
+    candidates: list[list[int]]
+    nearest: np.ndarray
+    draws: list[int]
+    remaining: dict[int, list[int]]
+
+    def rank_draws(self, rank: int) -> list[int]:
+        """The experts ``rank`` draws for, in the order its generator serves them."""
+        return [e for e in self.draws if self.nearest[rank, e] < 0]
+
+
+def static_plan(row: np.ndarray, num_experts: int, gpus: int, nodes: int = 1) -> StaticPlan:
+    """SGLang's ``_find_nearest_expert`` for every (rank, expert) of one layer's (S,) map: an
+    expert with one slot takes it; else the lowest slot on the rank's GPU; else, on several
+    nodes, the lowest slot on the rank's node when the node holds some but not all of the
+    expert's slots; else the rank draws (-1)."""
     slots = row.shape[0]
-    # The lowest slot of each expert on each GPU; ``slots`` marks "no local copy".
-    out = np.full((gpus, num_experts), slots, dtype=np.int64)
-    np.minimum.at(out, (np.arange(slots) // (slots // gpus), row), np.arange(slots))
-    out[out == slots] = -1
-    candidates: list[list[int]] = [[] for _ in range(num_experts)]
-    for slot, expert in enumerate(row.tolist()):
-        candidates[expert].append(slot)
-    for expert in range(num_experts):
-        missing = np.flatnonzero(out[:, expert] < 0)
-        if missing.size:  # k = 0 draws nothing from the generator, as in SGLang
-            out[missing, expert] = _fair_choices(candidates[expert], int(missing.size), rng)
+    per_gpu = slots // gpus
+    per_node = per_gpu * (gpus // nodes)
+    index = np.arange(slots)
+    order = np.argsort(row, kind="stable")
+    bounds = np.searchsorted(row[order], np.arange(num_experts + 1))
+    candidates = [order[bounds[e]:bounds[e + 1]].tolist() for e in range(num_experts)]
+    replicas = np.diff(bounds)
+    local = np.full((gpus, num_experts), slots, dtype=np.int64)
+    np.minimum.at(local, (index // per_gpu, row), index)
+    nearest = np.where(local < slots, local, -1)
+    if nodes > 1:
+        node_low = np.full((nodes, num_experts), slots, dtype=np.int64)
+        np.minimum.at(node_low, (index // per_node, row), index)
+        node_count = np.zeros((nodes, num_experts), dtype=np.int64)
+        np.add.at(node_count, (index // per_node, row), 1)
+        node_of = np.arange(gpus) // (gpus // nodes)
+        narrows = (node_count[node_of] > 0) & (node_count[node_of] < replicas)
+        nearest = np.where((nearest < 0) & narrows, node_low[node_of], nearest)
+    single = replicas == 1
+    nearest[:, single] = order[bounds[:-1][single]]
+    lacking = nearest < 0
+    draws = np.flatnonzero(lacking.any(axis=0)).tolist()
+    remaining = {e: np.flatnonzero(lacking[:, e]).tolist() for e in draws}
+    return StaticPlan(candidates, nearest, draws, remaining)
+
+
+def static_layer(row: np.ndarray, num_experts: int, gpus: int, rngs: Sequence[random.Random],
+                 nodes: int = 1) -> np.ndarray:
+    """(G, E) static dispatch slots of one layer's (S,) map; ``rngs[g]`` is rank g's generator,
+    advanced as SGLang's on that rank (it draws only for the experts it has no near copy of)."""
+    plan = static_plan(row, num_experts, gpus, nodes)
+    out = plan.nearest.copy()
+    for rank, rng in enumerate(rngs):
+        for e in plan.rank_draws(rank):
+            out[rank, e] = plan.candidates[e][fair_position(plan, e, rank, rng)]
     return out
 
 
-def static_layer_loads(row: np.ndarray, sent: np.ndarray, gpus: int, rng: random.Random) -> np.ndarray:
+def fair_position(plan: StaticPlan, expert: int, rank: int, rng: random.Random) -> int:
+    """Which of ``expert``'s candidates ``rank`` gets from SGLang's ``_fair_choices``, drawn from ``rng``."""
+    ranks = plan.remaining[expert]
+    return _fair_choices(list(range(len(plan.candidates[expert]))), len(ranks), rng)[ranks.index(rank)]
+
+
+def static_layer_loads(row: np.ndarray, sent: np.ndarray, gpus: int, rngs: Sequence[random.Random],
+                       nodes: int = 1) -> np.ndarray:
     """(G,) tokens each GPU receives at one layer under static dispatch; ``sent`` (G source, E)."""
-    target = static_layer(row, sent.shape[1], gpus, rng) // (row.shape[0] // gpus)
+    target = static_layer(row, sent.shape[1], gpus, rngs, nodes) // (row.shape[0] // gpus)
     return np.bincount(target.ravel(), weights=sent.ravel(), minlength=gpus)
 
 
@@ -136,40 +199,51 @@ def _fair_choices(arr: list[int], k: int, rng: random.Random) -> list[int]:
 
 
 def dispatch_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int,
-                   assume_even: bool = False) -> Optional[np.ndarray]:
+                   assume_even: bool = False, *, nodes: int = 1, first_layer: int = 0) -> Optional[np.ndarray]:
     """(L, G) float64 tokens each GPU receives under dispatch ``model`` (one of ``DISPATCH``).
 
     ``static`` without measured ranks returns None unless ``assume_even``
-    (each expert's tokens split evenly over G source ranks). Measured ranks
-    must number G. Raises ``ValueError`` for an unknown model or rank count.
+    (each expert's tokens split evenly over G source ranks); it depends on
+    the ``nodes`` the G ranks span (a rank prefers a replica on its node)
+    and on ``first_layer``, the dense layers whose trivial rows SGLang's
+    generators run through first. Measured ranks must number G. Raises
+    ``ValueError`` for an unknown model, a rank count other than G, or
+    ``nodes`` not dividing G.
     """
     if model not in DISPATCH:
         raise ValueError(f"--dispatch must be one of {', '.join(DISPATCH)}, got {model!r}")
     if flow.measured and flow.counts.shape[0] != gpus:
         raise ValueError(f"{flow.counts.shape[0]} per-rank captures for --gpus {gpus}: "
                          "static and round-robin dispatch need one capture per GPU")
+    if type(nodes) is not int or nodes < 1 or gpus % nodes:
+        raise ValueError(f"--gpus {gpus} is not divisible by --nodes {nodes!r}")
+    if type(first_layer) is not int or first_layer < 0:
+        raise ValueError(f"--first-moe-layer must be 0 or more, got {first_layer!r}")
     if model == "even":
         return gpu_loads(phy2log, flow.total, gpus)
     if model == "static":
         if not flow.measured and not assume_even:
             return None
-        return _static_loads(phy2log, flow, gpus)
+        return _static_loads(phy2log, flow, gpus, nodes, first_layer)
     return _round_robin_loads(phy2log, flow, gpus)
 
 
-def known_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool = False) -> np.ndarray:
+def known_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool = False, *,
+                nodes: int = 1, first_layer: int = 0) -> np.ndarray:
     """``dispatch_loads`` where the loads must be known; raises ``ValueError`` for static without
     per-rank counts and without ``assume_even``."""
-    loads = dispatch_loads(model, phy2log, flow, gpus, assume_even)
+    loads = dispatch_loads(model, phy2log, flow, gpus, assume_even, nodes=nodes, first_layer=first_layer)
     if loads is None:
         raise ValueError(STATIC_UNKNOWN)
     return loads
 
 
-def _static_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndarray:
+def _static_loads(phy2log: np.ndarray, flow: Routing, gpus: int, nodes: int, first_layer: int) -> np.ndarray:
     sent = source_counts(flow, gpus)
-    rng = random.Random(SGLANG_SEED)
-    return np.stack([static_layer_loads(row, sent[:, layer], gpus, rng) for layer, row in enumerate(phy2log)])
+    experts = sent.shape[-1]
+    rngs = static_generators(gpus, experts, phy2log.shape[1], nodes, first_layer)
+    return np.stack([static_layer_loads(row, sent[:, layer], gpus, rngs, nodes)
+                     for layer, row in enumerate(phy2log)])
 
 
 def _slot_order(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
