@@ -143,7 +143,8 @@ def _run_place(args: argparse.Namespace) -> int:
     doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
                            source=source, dispatch=args.dispatch, flow=flow, current=current,
-                           max_moves=args.max_moves, expert_bytes=args.expert_bytes, current_source=args.current)
+                           max_moves=args.max_moves, expert_bytes=args.expert_bytes, current_source=args.current,
+                           first_layer=args.first_moe_layer)
     # Without -o on a terminal, the document (often hundreds of KB) would bury
     # the summary: print only the summary and how to save the file.
     held_back = args.output is None and sys.stdout.isatty()

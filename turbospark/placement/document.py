@@ -70,7 +70,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
           seqs: Optional[Sequences] = None, source: Optional[str] = None, dispatch: str = "even",
           flow: Optional[Routing] = None, current: Optional[np.ndarray] = None,
           max_moves: Optional[int] = None, expert_bytes: Optional[int] = None,
-          current_source: Optional[str] = None) -> tuple[dict[str, Any], Placement]:
+          current_source: Optional[str] = None, first_layer: int = 0) -> tuple[dict[str, Any], Placement]:
     """Place ``capture``'s experts and evaluate the result; returns (document, placement).
 
     ``fit`` (0 < F < 1) and ``batch`` (B >= 1) need the trace; ``seqs`` is the
@@ -102,7 +102,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
     flow = _fit_flow(capture, parts) if flow is None else flow
     assume = dispatch == "static" and not flow.measured
     placement = place(parts.fit, gpus, slots if current is None else current.shape[1], nodes, groups,
-                      dispatch, flow, assume)
+                      dispatch, flow, assume, first_layer)
     if current is not None:
         target = align(placement.phy2log, current, gpus, permute=dispatch == "even")
         moved = rebalance(current, parts.fit, gpus, max_moves, target)
@@ -110,10 +110,11 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
     before = trivial_map(capture.num_layers, capture.num_experts, placement.phy2log.shape[1])
     evals = {"before": _evaluate(capture, parts, before, gpus, batch, seqs),
              "after": _evaluate(capture, parts, placement.phy2log, gpus, batch, seqs)}
-    by_model = {"after": by_dispatch(placement.phy2log, flow, gpus, assume),
-                "before": by_dispatch(before, flow, gpus, assume)}
+    where = {"nodes": nodes, "first_layer": first_layer}
+    by_model = {"after": by_dispatch(placement.phy2log, flow, gpus, assume, **where),
+                "before": by_dispatch(before, flow, gpus, assume, **where)}
     if current is not None:
-        by_model["current"] = by_dispatch(current, flow, gpus, assume)
+        by_model["current"] = by_dispatch(current, flow, gpus, assume, **where)
         moves = moved_slots(placement.phy2log, current)
     published = gpu_loads(placement.greedy, parts.fit.astype(np.float64), gpus).max(axis=1)
     layers = []
@@ -171,11 +172,13 @@ def _fit_flow(capture: Capture, parts: Split) -> Routing:
     return routing([parts.fit], [[ids[m] for ids, m in zip(capture.trace, parts.fit_masks)]])
 
 
-def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool) -> list[dict[str, Optional[float]]]:
-    """Per layer, {model: imbalance} under each of ``DISPATCH`` (None: no load, or static unknown)."""
+def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool, *, nodes: int = 1,
+                first_layer: int = 0) -> list[dict[str, Optional[float]]]:
+    """Per layer, {model: imbalance} under each of ``DISPATCH`` (None: no load, or static unknown);
+    ``nodes`` and ``first_layer`` as ``dispatch_loads`` takes them."""
     values = {}
     for model in DISPATCH:
-        loads = dispatch_loads(model, phy2log, flow, gpus, assume_even)
+        loads = dispatch_loads(model, phy2log, flow, gpus, assume_even, nodes=nodes, first_layer=first_layer)
         values[model] = [None] * phy2log.shape[0] if loads is None else [
             None if v != v else v for v in imbalance(loads)[0].tolist()]
     return [{model: values[model][layer] for model in DISPATCH} for layer in range(phy2log.shape[0])]
