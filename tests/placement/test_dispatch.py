@@ -93,7 +93,8 @@ def test_place_with_per_rank_captures(tmp_path: Path, capfd: pytest.CaptureFixtu
     assert doc["inputs"]["capture"] == paths
     assert doc["dispatch"] == {"model": "static", "source_ranks": 2,
                                "static": "measured: one capture per source rank (2 ranks, rank i = file i)",
-                               "why": None}
+                               "why": None, "round_robin": "assumed: each layer's passes are one kernel call "
+                               "(per-step calls restart the blocks and raise the figure)"}
     # Totals (8, 3, 6): the greedy gives expert 0 the spare slot: 4 | 4 with 3 and 6 to pack.
     phy2log = np.array(doc["physical_to_logical_map"])
     loads = {m: dispatch_loads(m, phy2log, routing([np.array([[5, 2, 1]]), np.array([[3, 1, 5]])]), 2)[0]

@@ -7,17 +7,25 @@ token; the GPU loads, and so the imbalance, depend on that choice:
 * ``even``: every replica receives 1/r of the expert's tokens (SGLang's
   ``--ep-dispatch-algorithm dynamic`` in expectation; DeepSeek's EPLB model).
 * ``static``: SGLang's static dispatch (its default with an all-to-all
-  backend such as DeepEP), following ``python/sglang/srt/eplb/expert_location.py``
-  (``compute_logical_to_rank_dispatch_physical_map``) and
-  ``python/sglang/srt/eplb/expert_location_dispatch.py``: source rank g sends
-  *all* its tokens for expert e to one fixed slot, the lowest-numbered slot
-  of e on GPU g when there is one; the source ranks without a local replica
-  get slots from ``_fair_choices``: with a ``random.Random(42)`` shared by the
-  whole map, layer by layer and expert by expert (ascending), the k ranks
-  lacking a local copy receive the expert's slots (ascending) repeated
-  k // r times plus ``sample(slots, k % r)``, shuffled, assigned to those
-  ranks in ascending order. Python's ``random`` is the same here, so the map
-  is SGLang's own, draw for draw. Needs per-source-rank counts.
+  backend such as DeepEP), following SGLang 0.5.23's
+  ``python/sglang/srt/eplb/expert_location.py`` (``init_by_mapping``,
+  ``_compute_logical_to_all_physical_map``, ``compute_logical_to_rank_dispatch_physical_map``,
+  ``_find_nearest_expert``, ``_fair_choices``) and
+  ``expert_location_dispatch.py``, as each source rank g computes its own
+  map at start-up: source rank g sends *all* its tokens for expert e to one
+  fixed slot. With one slot, that slot; else the lowest slot of e on GPU g;
+  else, on several nodes, the lowest slot of e on g's node when that node
+  holds some but not all of e's slots; else a draw: the k ranks with none
+  of these (in ascending order) receive e's slots (ascending) repeated
+  k // r times plus ``sample(slots, k % r)``, shuffled, and g takes its
+  place in that list. Rank g draws from its *own* ``random.Random(42)``,
+  which runs through the map's rows in order (the D trivial rows of the
+  dense layers first, then the MoE layers), expert by expert, and draws
+  only where g itself lacks a near copy: the ranks' generators diverge, so
+  two ranks lacking the same expert may pick the same slot. Python's
+  ``random`` is the same here, so every rank's map is SGLang's own, draw for
+  draw (tests/placement/test_sglang_dispatch.py runs SGLang's code on our
+  files). Needs per-source-rank counts.
 * ``round-robin``: TensorRT-LLM's load balancer routing, following
   ``cpp/tensorrt_llm/kernels/moeLoadBalance/moeLoadBalanceKernels.cu``
   (``moeComputeRouteKernel``) and ``tensorrt_llm/_torch/modules/fused_moe``
@@ -28,7 +36,9 @@ token; the GPU loads, and so the imbalance, depend on that choice:
   ``cpp/tensorrt_llm/runtime/moeLoadBalancer/moeLoadBalancer.cpp`` fills
   ``globalSlotIds``), g the source rank
   (0 without attention DP: one capture). A layer's passes are taken as one
-  kernel call. From counts alone (no trace) each rank's n tokens of e are one
+  kernel call, unless the routing carries engine steps (``place --batch B``):
+  then each step is a call, its passes in recorder order, and the blocks
+  restart at each. From counts alone (no trace) each rank's n tokens of e are one
   block: replica q receives ``ceil((n - (q - g) mod r) / r)`` of them.
 
 Source ranks: ``Routing`` holds per-rank counts (R, L, E) and traces. With R
@@ -48,8 +58,9 @@ import numpy as np
 
 from .evaluate import gpu_loads
 
-__all__ = ["DISPATCH", "Routing", "dispatch_loads", "known_loads", "routing", "source_counts", "static_layer", "static_layer_loads",
-           "static_slots", "trtllm_block"]
+__all__ = ["DISPATCH", "Routing", "StaticPlan", "dispatch_loads", "known_loads", "round_robin_note", "routing",
+           "source_counts", "static_generators", "static_layer", "static_layer_loads", "static_plan", "static_slots",
+           "trtllm_block"]
 
 DISPATCH = ("even", "static", "round-robin")
 
@@ -60,17 +71,27 @@ STATIC_UNKNOWN = ("per-source-rank loads unknown: give one capture per rank (ran
                   "or --dispatch static to assume an even spread over the G ranks")
 STATIC_ASSUMED = "assumed: each expert's tokens spread evenly over the {gpus} source ranks (one capture)"
 STATIC_MEASURED = "measured: one capture per source rank ({ranks} ranks, rank i = file i)"
+ROUND_ROBIN_LAYER = ("assumed: each layer's passes are one kernel call (per-step calls restart the blocks and "
+                     "raise the figure{hint})")
+ROUND_ROBIN_HINT = "; --batch B models steps of B passes"
+ROUND_ROBIN_STEPS = "modelled: one kernel call per serving step ({steps})"
+ROUND_ROBIN_COUNTS = "assumed: from counts alone, each rank's tokens of an expert are one block (no trace)"
 
 
 @dataclass(frozen=True)
 class Routing:
     """Routed tokens by source rank: ``counts`` (R, L, E); ``traces`` None or, per rank,
     per layer, the (P, K) ids in pass order; ``measured``: True when the R ranks are
-    real per-rank captures, False for one capture (R = 1, ranks unknown)."""
+    real per-rank captures, False for one capture (R = 1, ranks unknown); ``calls``
+    None (each layer's passes are one kernel call) or, per rank, per layer, the (P,)
+    engine step of each traced pass (round-robin runs one kernel call per step);
+    ``steps`` says how the steps were formed."""
 
     counts: np.ndarray
     traces: Optional[tuple[tuple[np.ndarray, ...], ...]]
     measured: bool
+    calls: Optional[tuple[tuple[np.ndarray, ...], ...]] = None
+    steps: Optional[str] = None
 
     @property
     def total(self) -> np.ndarray:
@@ -78,15 +99,34 @@ class Routing:
         return self.counts.sum(axis=0).astype(np.float64)
 
 
-def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.ndarray]]] = None) -> Routing:
+def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.ndarray]]] = None,
+            calls: Optional[Sequence[Sequence[np.ndarray]]] = None, steps: Optional[str] = None) -> Routing:
     """A ``Routing`` from per-rank (L, E) counts (one entry: ranks unknown) and, optionally,
-    per-rank per-layer (P, K) traces. Raises ``ValueError`` when the ranks differ in shape."""
+    per-rank per-layer (P, K) traces and (P,) engine steps of their passes (``steps``: how
+    they were formed, for the output). Raises ``ValueError`` when the ranks differ in shape,
+    or steps come without a trace or do not match its passes."""
     shapes = {np.shape(c) for c in counts}
     if len(shapes) != 1:
         raise ValueError(f"the per-rank counts differ in shape: {sorted(shapes)}")
     stacked = np.stack([np.asarray(c) for c in counts])
     kept = None if traces is None else tuple(tuple(np.asarray(ids) for ids in rank) for rank in traces)
-    return Routing(stacked, kept, len(stacked) > 1)
+    steps_kept = None
+    if calls is not None:
+        if kept is None:
+            raise ValueError("engine steps need the trace they cut")
+        steps_kept = tuple(tuple(np.asarray(c, dtype=np.int64) for c in rank) for rank in calls)
+        if [[c.shape[0] for c in rank] for rank in steps_kept] != [[ids.shape[0] for ids in rank] for rank in kept]:
+            raise ValueError("the engine steps do not match the trace's passes")
+    return Routing(stacked, kept, len(stacked) > 1, steps_kept, steps if calls is not None else None)
+
+
+def round_robin_note(flow: Routing) -> str:
+    """How round-robin's kernel calls were taken for ``flow``: per step, per layer, or from counts."""
+    if flow.traces is None:
+        return ROUND_ROBIN_COUNTS
+    if flow.calls is not None:
+        return ROUND_ROBIN_STEPS.format(steps=flow.steps)
+    return ROUND_ROBIN_LAYER.format(hint="" if flow.measured else ROUND_ROBIN_HINT)
 
 
 def static_slots(phy2log: np.ndarray, num_experts: int, gpus: int, nodes: int = 1,
@@ -266,9 +306,21 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
         for layer in range(layers):
             r = replicas[layer]
             if flow.traces is not None:
-                ids = flow.traces[rank][layer].reshape(-1).astype(np.int64)
-                block = np.arange(ids.size) // trtllm_block
-                key = block * experts + ids
+                passes = flow.traces[rank][layer]
+                width = passes.shape[1] if passes.ndim == 2 else 1
+                if flow.calls is None:
+                    ids = passes.reshape(-1).astype(np.int64)
+                    block = np.arange(ids.size) // trtllm_block
+                    group = block
+                else:
+                    # One kernel call per step, its passes in recorder order: blocks restart each call.
+                    step = flow.calls[rank][layer]
+                    by_step = np.argsort(step, kind="stable")
+                    ids = passes[by_step].reshape(-1).astype(np.int64)
+                    call = np.repeat(step[by_step], width)
+                    block = (np.arange(ids.size) - np.searchsorted(call, call)) // trtllm_block
+                    group = call * (ids.size // trtllm_block + 1) + block
+                key = group * experts + ids
                 sort = np.argsort(key, kind="stable")
                 first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
                 occurrence = np.empty(ids.size, dtype=np.int64)
