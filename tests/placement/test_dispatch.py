@@ -214,3 +214,46 @@ def test_static_search_scores_swaps_as_sglang_draws(seed: int, nodes: int) -> No
     assert static_layer_loads(better, counts, gpus, check, nodes).max() <= before
     assert [g.getstate() for g in check] == [g.getstate() for g in searched]
     assert np.array_equal(np.bincount(better, minlength=experts), np.bincount(row, minlength=experts))
+
+
+def test_round_robin_per_step_restarts_the_blocks(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Expert 0 on slots 0 (GPU 0) and 2 (GPU 1); four passes routed to it. One kernel call: its
+    # occurrences 0..3 go to replicas 0, 1, 0, 1. One call per pass: each is occurrence 0 of its
+    # block 0, so replica 0 every time.
+    layout = np.array([[0, 1, 0, 1]])
+    trace = [np.zeros((4, 1), dtype=np.int64)]
+    assert dispatch_loads("round-robin", layout, routing([np.array([[4, 0]])], [trace]), 2).tolist() == [[2.0, 2.0]]
+    stepped = routing([np.array([[4, 0]])], [trace], [[np.arange(4)]], "--batch 1, consecutive passes")
+    assert dispatch_loads("round-robin", layout, stepped, 2).tolist() == [[4.0, 0.0]]
+    # Two steps of two passes: 0, 1 | 0, 1.
+    halves = routing([np.array([[4, 0]])], [trace], [[np.array([0, 0, 1, 1])]], "--batch 2, consecutive passes")
+    assert dispatch_loads("round-robin", layout, halves, 2).tolist() == [[2.0, 2.0]]
+    with pytest.raises(ValueError, match="^the engine steps do not match the trace's passes$"):
+        routing([np.array([[4, 0]])], [trace], [[np.arange(3)]])
+    # Through place --batch: the document says how round-robin's calls were taken.
+    path = write_capture(tmp_path / "c.json", traced(2, 1, [[[0], [0], [0], [0], [1], [1], [1], [1]]]))
+    out = tmp_path / "p.json"
+    assert main(["place", path, "--gpus", "2", "--slots", "4", "--batch", "1", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["dispatch"]["round_robin"] == "modelled: one kernel call per serving step (--batch 1, consecutive passes)"
+    assert ("  round-robin dispatch: modelled: one kernel call per serving step (--batch 1, consecutive passes)"
+            in capfd.readouterr().out.splitlines())
+
+
+def test_trtllm_mtp_layers_get_rows(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", traced(2, 1, [[[0], [1]]]))
+    yaml_path = tmp_path / "eplb.yaml"
+    assert main(["place", path, "--gpus", "2", "--slots", "4", "--format", "trtllm", "--first-moe-layer", "3",
+                 "--mtp-layers", "1", "-o", str(yaml_path)]) == 0
+    # Decoder layers 0..2 dense, MoE layer 3 (the capture's), MTP layer 4 = num_hidden_layers + 0: trivial.
+    text = yaml_path.read_text()
+    assert text.splitlines()[2] == "  4: [0, 1, 0, 1]" and text.splitlines()[0] == "initial_global_assignments:"
+    out = capfd.readouterr().out.splitlines()
+    assert out[-2].endswith("(4 slots = 2 experts + 2 redundant; keys are decoder layers 3..3, then 1 MTP layers 4..4 "
+                            "placed trivially)")
+    assert main(["place", path, "--gpus", "2", "--format", "sglang", "--mtp-layers", "1", "-o", "-"]) == 2
+    assert capfd.readouterr().err == ("turbospark: --mtp-layers applies to --format trtllm only (got --format sglang): "
+                                      "SGLang's draft layers need no rows, turbospark's JSON holds the capture's "
+                                      "MoE layers\n")
+    assert main(["place", path, "--gpus", "2", "--format", "trtllm", "--mtp-layers", "-1", "-o", "-"]) == 2
+    assert capfd.readouterr().err == "turbospark: --mtp-layers must be 0 or more, got -1\n"

@@ -179,7 +179,7 @@ def _fit_flow(capture: Capture, parts: Split, batch: Optional[int] = None,
     steps = [serving_steps(ids.shape[0], batch, window_sequences(seqs, layer, which))
              for layer, (ids, which) in enumerate(zip(trace, windows))]
     kind = "concurrent sequences" if seqs is not None else "consecutive passes"
-    return routing([parts.fit], [trace], [steps], f"{batch} rows of {kind}")
+    return routing([parts.fit], [trace], [steps], f"--batch {batch}, {kind}")
 
 
 def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool, *, nodes: int = 1,
