@@ -41,7 +41,9 @@ def add_commands(commands: Any, positive: Any) -> None:
                      "with one capture, tokens assumed spread evenly over the G source ranks); round-robin = "
                      "TensorRT-LLM's load balancer routing (see docs/placement.md)")
     cmd.add_argument("--slots", type=positive, metavar="S", help="physical expert slots per layer (default: E)")
-    cmd.add_argument("--nodes", type=positive, default=1, metavar="N", help="nodes (default 1)")
+    cmd.add_argument("--nodes", type=positive, default=1, metavar="N",
+                     help="nodes the G GPUs span (default 1); static dispatch prefers a same-node replica, "
+                     "as SGLang's --nnodes N")
     cmd.add_argument("--groups", type=positive, metavar="X",
                      help="expert groups; all replicas of a group's experts stay on one node")
     cmd.add_argument("--fit", type=fraction, metavar="F",

@@ -2,16 +2,15 @@
 
 Under static dispatch (``turbospark.placement.dispatch``) a source rank
 sends an expert's tokens to its own copy when it holds one; an expert with
-r replicas on r distinct GPUs deals the k = G - r ranks without a copy over
-its r slots, k // r each plus ``k mod r`` drawn at random from that rank's
-own generator. When r divides G the remainder is 0, so on one node every
-replica serves exactly G / r source ranks; the draws then only decide which
-ranks. That is 1/r of the expert's tokens only when every rank sends the
-expert the same amount (the even spread assumed for one capture), and only
-on one node (on several, a rank prefers a same-node copy, which the deal
-does not balance): with measured per-rank counts the figure is per rank,
-not the even model's. The divisor shape is therefore one candidate among
-others, each judged exactly.
+r replicas on r distinct GPUs leaves k = G - r ranks to SGLang's fair
+choice, which hands each of them a slot from a list of k // r copies of
+every slot plus ``k mod r`` sampled ones. When r divides G that list has no
+sampled part, but each rank shuffles it with its *own* generator (which the
+experts it holds have advanced differently) and takes its own place: two
+ranks can take the same slot, so the replicas do not serve G / r ranks
+each, and static is not the even model even for an even spread (on several
+nodes a same-node copy is preferred as well). The divisor shape is one
+candidate among others, each judged exactly.
 
 ``divisor_placement`` builds such a map per layer:
 
