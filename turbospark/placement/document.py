@@ -172,7 +172,8 @@ def _fit_flow(capture: Capture, parts: Split, batch: Optional[int] = None,
     with ``batch``, each fit pass's serving step (round-robin runs one kernel call per step)."""
     if capture.trace is None:
         return routing([parts.fit])
-    windows = [slice(None)] * capture.num_layers if parts.fit_masks is None else parts.fit_masks
+    windows: list[Union[slice, np.ndarray]] = ([slice(None)] * capture.num_layers if parts.fit_masks is None
+                                               else list(parts.fit_masks))
     trace = [ids[which] for ids, which in zip(capture.trace, windows)]
     if batch is None:
         return routing([parts.fit], [trace])
