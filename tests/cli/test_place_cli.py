@@ -243,7 +243,7 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
     none = {"even": None, "static": None, "round-robin": None}
     assert doc["placement"] == {
         "file": str(placement), "gpus": 2, "slots": 6, "dispatch": "even", "source_ranks": 1, "static": None,
-        "why": STATIC_UNKNOWN, "layers": [
+        "why": STATIC_UNKNOWN, "round_robin": ROUND_ROBIN_LAYER.format(hint=""), "layers": [
             {"layer": 0, "imbalance": {"even": 1 / 9, "static": None, "round-robin": 1 / 9}, "balancedness": 0.9,
              "max_load": 10.0, "mean_load": 9.0, "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}},
             {"layer": 1, "imbalance": none, "balancedness": None, "max_load": 0.0, "mean_load": 0.0,
@@ -262,11 +262,11 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
         "static", "assumed: each expert's tokens spread evenly over the 2 source ranks (one capture)", None)
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 0
     lines = capfd.readouterr().out.splitlines()
-    assert lines[-6:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
+    assert lines[-7:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
                           "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111",
                           "  in sample by dispatch model (mean, trivial -> this file): even 0.000 -> 0.111, "
                           "static - -> -, round-robin 0.111 -> 0.111", f"  static dispatch: {STATIC_UNKNOWN}",
-                          f"  round-robin dispatch: {ROUND_ROBIN}"]
+                          f"  round-robin dispatch: {ROUND_ROBIN_LAYER.format(hint='')}"]
     placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,1],[0,1,2,3,0,1]]}')
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: {placement}: expert 0 of layer 0 has no slot in the placement\n"

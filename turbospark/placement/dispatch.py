@@ -120,13 +120,14 @@ def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.
     return Routing(stacked, kept, len(stacked) > 1, steps_kept, steps if calls is not None else None)
 
 
-def round_robin_note(flow: Routing) -> str:
-    """How round-robin's kernel calls were taken for ``flow``: per step, per layer, or from counts."""
+def round_robin_note(flow: Routing, batch_hint: bool = False) -> str:
+    """How round-robin's kernel calls were taken for ``flow``: per step, per layer, or from counts;
+    ``batch_hint``: say that ``--batch`` models steps (where one capture's command takes it)."""
     if flow.traces is None:
         return ROUND_ROBIN_COUNTS
     if flow.calls is not None:
         return ROUND_ROBIN_STEPS.format(steps=flow.steps)
-    return ROUND_ROBIN_LAYER.format(hint="" if flow.measured else ROUND_ROBIN_HINT)
+    return ROUND_ROBIN_LAYER.format(hint=ROUND_ROBIN_HINT if batch_hint and not flow.measured else "")
 
 
 def static_slots(phy2log: np.ndarray, num_experts: int, gpus: int, nodes: int = 1,

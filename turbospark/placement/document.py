@@ -148,7 +148,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
         },
         "physical_to_logical_map": placement.phy2log.tolist(),
         "replica_counts": placement.replicas.tolist(),
-        "dispatch": dispatch_inputs(dispatch, flow, gpus, assume),
+        "dispatch": dispatch_inputs(dispatch, flow, gpus, assume, batch_hint=True),
         "layers": layers,
         "summary": {
             "routed_layers": len(routed),
@@ -195,14 +195,15 @@ def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool
     return [{model: values[model][layer] for model in DISPATCH} for layer in range(phy2log.shape[0])]
 
 
-def dispatch_inputs(model: str, flow: Routing, gpus: int, assume_even: bool) -> dict[str, Any]:
-    """The document's ``dispatch`` object: the model, the source ranks and how static loads were known."""
+def dispatch_inputs(model: str, flow: Routing, gpus: int, assume_even: bool, batch_hint: bool = False) -> dict[str, Any]:
+    """The document's ``dispatch`` object: the model, the source ranks, how static loads were known
+    and how round-robin's kernel calls were taken (``batch_hint``: the command takes ``--batch``)."""
     if flow.measured:
         static: Optional[str] = STATIC_MEASURED.format(ranks=flow.counts.shape[0])
     else:
         static = STATIC_ASSUMED.format(gpus=gpus) if assume_even else None
     return {"model": model, "source_ranks": int(flow.counts.shape[0]), "static": static,
-            "why": None if static is not None else STATIC_UNKNOWN, "round_robin": round_robin_note(flow)}
+            "why": None if static is not None else STATIC_UNKNOWN, "round_robin": round_robin_note(flow, batch_hint)}
 
 
 def model_means(rows: list[dict[str, Any]], key: str) -> dict[str, Optional[float]]:
