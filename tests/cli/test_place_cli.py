@@ -14,15 +14,17 @@ from turbospark.placement.formats import parse_trtllm, read_placement
 from turbospark.placement.samples import batch_counts
 
 from placement_helpers import traced, write_capture
-from turbospark.placement.dispatch import STATIC_UNKNOWN
+from turbospark.placement.dispatch import ROUND_ROBIN_HINT, ROUND_ROBIN_LAYER, STATIC_UNKNOWN
 
 # Layer 0 routes like test_global_with_replicas_by_hand (counts 1, 9, 4, 4), top-2;
 # layer 1 never routes.
 PASSES = [[1, 0], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3], [1, 2], [1, 3]]
 DOC = traced(4, 2, [PASSES, []])
+ROUND_ROBIN = ROUND_ROBIN_LAYER.format(hint=ROUND_ROBIN_HINT)
 DISPATCH_LINES = ("  in sample by dispatch model (trivial -> placed; optimised for even): even 0.000 -> 0.000, "
                   "static - -> -, round-robin 0.111 -> 0.000\n"
-                  f"  static dispatch: {STATIC_UNKNOWN}\n")
+                  f"  static dispatch: {STATIC_UNKNOWN}\n"
+                  f"  round-robin dispatch: {ROUND_ROBIN}\n")
 IDLE_LINE = "  1 MoE layers without passes (1): the trivial placement (slot s holds expert s mod E)\n"
 
 
@@ -49,7 +51,8 @@ def test_place_json_document(tmp_path: Path, capfd: pytest.CaptureFixture[str]) 
     assert layer["imbalance"] == {"even": 0.0, "static": None, "round-robin": 0.0}
     assert layer["trivial_imbalance"] == {"even": 0.0, "static": None, "round-robin": 1 / 9}
     assert doc["layers"][1]["imbalance"] == {"even": None, "static": None, "round-robin": None}
-    assert doc["dispatch"] == {"model": "even", "source_ranks": 1, "static": None, "why": STATIC_UNKNOWN}
+    assert doc["dispatch"] == {"model": "even", "source_ranks": 1, "static": None, "why": STATIC_UNKNOWN,
+                               "round_robin": ROUND_ROBIN}
     assert doc["summary"] == {"routed_layers": 1,
                               "before": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
                               "after": {"in_sample": 0.0, "out_of_sample": None, "batch_in_sample": None, "batch_out_of_sample": None},
@@ -205,7 +208,8 @@ def test_on_a_terminal_without_o_only_the_summary_is_printed(tmp_path: Path, cap
     assert capfd.readouterr() == (
         summary + "placement not written (json): give -o FILE to save it, or -o - to print it here\n", "")
     # Beside an SGLang file printed to stdout, the flags name a FILE.json to save it as.
-    flags = ("SGLang: --ep-size 2 --ep-num-redundant-experts 2 --init-expert-location FILE.json "
+    flags = ("SGLang: --tp 2 --ep-size 2 --moe-a2a-backend deepep --ep-num-redundant-experts 2 "
+             "--init-expert-location FILE.json "
              "(6 slots = 4 experts + 2 redundant; 2 MoE rows)\n"
              "  SGLang's dispatch: static (the default with DeepEP) gives imbalance unknown (no per-rank captures), "
              "--ep-dispatch-algorithm dynamic about 0.000 (optimised for even)\n")
@@ -239,7 +243,7 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
     none = {"even": None, "static": None, "round-robin": None}
     assert doc["placement"] == {
         "file": str(placement), "gpus": 2, "slots": 6, "dispatch": "even", "source_ranks": 1, "static": None,
-        "why": STATIC_UNKNOWN, "layers": [
+        "why": STATIC_UNKNOWN, "round_robin": ROUND_ROBIN_LAYER.format(hint=""), "layers": [
             {"layer": 0, "imbalance": {"even": 1 / 9, "static": None, "round-robin": 1 / 9}, "balancedness": 0.9,
              "max_load": 10.0, "mean_load": 9.0, "trivial_imbalance": {"even": 0.0, "static": None, "round-robin": 1 / 9}},
             {"layer": 1, "imbalance": none, "balancedness": None, "max_load": 0.0, "mean_load": 0.0,
@@ -258,10 +262,11 @@ def test_analyze_with_a_placement(tmp_path: Path, capfd: pytest.CaptureFixture[s
         "static", "assumed: each expert's tokens spread evenly over the 2 source ranks (one capture)", None)
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 0
     lines = capfd.readouterr().out.splitlines()
-    assert lines[-6:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
+    assert lines[-7:] == ["layer  imbalance  balancedness", "    0      0.111         0.900",
                           "    1          -             -  (no load)", "mean imbalance over 1 loaded layers: 0.111",
                           "  in sample by dispatch model (mean, trivial -> this file): even 0.000 -> 0.111, "
-                          "static - -> -, round-robin 0.111 -> 0.111", f"  static dispatch: {STATIC_UNKNOWN}"]
+                          "static - -> -, round-robin 0.111 -> 0.111", f"  static dispatch: {STATIC_UNKNOWN}",
+                          f"  round-robin dispatch: {ROUND_ROBIN_LAYER.format(hint='')}"]
     placement.write_text('{"physical_to_logical_map":[[2,1,1,3,1,1],[0,1,2,3,0,1]]}')
     assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
     assert capfd.readouterr().err == f"turbospark: {placement}: expert 0 of layer 0 has no slot in the placement\n"
@@ -362,10 +367,12 @@ def test_files_for_the_engines_say_what_they_need(tmp_path: Path, capfd: pytest.
     assert yaml_path.read_text() == ("initial_global_assignments:\n  3: [1, 1, 1, 3, 2, 0]\n  4: [0, 1, 2, 3, 0, 1]\n"
                                      "layer_updates_per_iter: 0\nnum_slots: 6\n")
     lines = capfd.readouterr().out.splitlines()
-    assert lines[-3:] == [
+    assert lines[-4:] == [
         "  1 MoE layers without passes (1): the trivial placement (slot s holds expert s mod E)",
-        f"TensorRT-LLM: moe_config: {{load_balancer: {yaml_path}}} with enable_attention_dp: true, --ep 2 "
-        "(6 slots = 4 experts + 2 redundant; keys are decoder layers 3..4)",
+        f"TensorRT-LLM: moe_config: {{load_balancer: {yaml_path}}} with enable_attention_dp: true, trtllm-serve "
+        "--tp_size 2 --ep_size 2 (6 slots = 4 experts + 2 redundant; keys are decoder layers 3..4)",
+        "  with MTP (nextn) layers give --mtp-layers M: TensorRT-LLM keys them 5 and up and fails the build "
+        "(KeyError) without a row",
         f"wrote {yaml_path} (trtllm)"]
     assert read_placement(yaml_path.read_text(), 2, 4, 2, 3)[0].tolist() == [[1, 1, 1, 3, 2, 0], [0, 1, 2, 3, 0, 1]]
     assert main(["place", path, "--gpus", "2", "--slots", "6", "--format", "sglang", "--first-moe-layer", "1",
@@ -373,7 +380,8 @@ def test_files_for_the_engines_say_what_they_need(tmp_path: Path, capfd: pytest.
     assert json_path.read_text() == '{"physical_to_logical_map":[[0,1,2,3,0,1],[1,1,1,3,2,0],[0,1,2,3,0,1]]}\n'
     lines = capfd.readouterr().out.splitlines()
     assert lines[-3:] == [
-        f"SGLang: --ep-size 2 --ep-num-redundant-experts 2 --init-expert-location {json_path} "
+        f"SGLang: --tp 2 --ep-size 2 --moe-a2a-backend deepep --ep-num-redundant-experts 2 "
+        f"--init-expert-location {json_path} "
         "(6 slots = 4 experts + 2 redundant; 1 trivial rows for the dense layers, then 2 MoE rows)",
         "  SGLang's dispatch: static (the default with DeepEP) gives imbalance unknown (no per-rank captures), "
         "--ep-dispatch-algorithm dynamic about 0.000 (optimised for even)",

@@ -9,6 +9,7 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -92,7 +93,8 @@ def test_place_with_per_rank_captures(tmp_path: Path, capfd: pytest.CaptureFixtu
     assert doc["inputs"]["capture"] == paths
     assert doc["dispatch"] == {"model": "static", "source_ranks": 2,
                                "static": "measured: one capture per source rank (2 ranks, rank i = file i)",
-                               "why": None}
+                               "why": None, "round_robin": "assumed: each layer's passes are one kernel call "
+                               "(per-step calls restart the blocks and raise the figure)"}
     # Totals (8, 3, 6): the greedy gives expert 0 the spare slot: 4 | 4 with 3 and 6 to pack.
     phy2log = np.array(doc["physical_to_logical_map"])
     loads = {m: dispatch_loads(m, phy2log, routing([np.array([[5, 2, 1]]), np.array([[3, 1, 5]])]), 2)[0]
@@ -154,49 +156,104 @@ def test_divisor_placement_by_hand() -> None:
     assert dispatch_loads("even", layout, flow, 2).tolist() == [[6.0, 4.0]]
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**31), st.sampled_from([(4, 8, 12), (8, 16, 24), (4, 8, 16)]))
-def test_divisor_shape_makes_static_equal_even(seed: int, shape: tuple[int, int, int]) -> None:
-    gpus, experts, slots = shape
-    rng = np.random.default_rng(seed)
-    counts = rng.poisson(100 * rng.permutation(np.arange(1, experts + 1) ** -1.0), size=(3, experts))
-    layout = divisor_placement(counts, slots, gpus)
-    replicas = replica_counts(layout, experts)
-    per_gpu = layout.reshape(3, gpus, -1)
-    distinct = all(len(set(row.tolist())) == row.size for layer in per_gpu for row in layer)
-    # These shapes always leave room for the divisor steps and distinct GPUs.
-    assert (gpus % replicas == 0).all() and distinct
+def test_divisor_shape_is_not_even_once_the_ranks_generators_diverge() -> None:
+    # divisor_placement's map for these counts: replica counts 1 or 2 (dividing G = 4), replicas on
+    # distinct GPUs. Expert 7 is on slots 0 (GPU 0) and 3 (GPU 1); ranks 2 and 3 lack it and draw
+    # from their own generators, which earlier experts have advanced differently: both draw slot 0
+    # (one rank each would be the even share), so GPU 0 serves three ranks' tokens of expert 7.
+    counts = np.array([[16, 17, 42, 11, 34, 24, 58, 71]]) * 4
+    layout = divisor_placement(counts, 12, 4)
+    assert layout.tolist() == [[7, 2, 3, 7, 1, 4, 6, 5, 0, 6, 2, 4]]
+    assert static_slots(layout, 8, 4)[0, :, 7].tolist() == [0, 3, 0, 0]
     flow = routing([counts])
-    np.testing.assert_allclose(dispatch_loads("static", layout, flow, gpus, assume_even=True),
-                               dispatch_loads("even", layout, flow, gpus), rtol=1e-12)
+    assert dispatch_loads("even", layout, flow, 4).tolist() == [[270.0, 278.0, 276.0, 268.0]]
+    assert dispatch_loads("static", layout, flow, 4, assume_even=True).tolist() == [[341.0, 207.0, 276.0, 268.0]]
+
+
+def test_divisor_shape_is_not_even_with_measured_ranks() -> None:
+    # Expert 0 on GPUs 0 and 1 (2 divides 4), expert 1 on GPUs 2 and 3. Rank 2 keeps its 9 tokens
+    # of expert 1 local; the even model would put half of them on GPU 3.
+    layout = np.array([[0, 0, 1, 1]])
+    flow = routing([np.array([[1, 1]]), np.array([[1, 1]]), np.array([[1, 9]]), np.array([[1, 1]])])
+    assert replica_counts(layout, 2).tolist() == [[2, 2]]
+    assert dispatch_loads("even", layout, flow, 4).tolist() == [[2.0, 2.0, 6.0, 6.0]]
+    # Ranks 0 and 1 deal expert 1 one each (slots 3, 2 in their own draws), ranks 2, 3 expert 0.
+    assert dispatch_loads("static", layout, flow, 4).tolist() == [[2.0, 2.0, 10.0, 2.0]]
+
+
+def _generators(gpus: int, state: Any) -> list[random.Random]:
+    out = [random.Random() for _ in range(gpus)]
+    for rng in out:
+        rng.setstate(state)
+    return out
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2**31))
-def test_static_search_scores_swaps_as_sglang_draws(seed: int) -> None:
-    # The incremental scoring (only the two swapped experts drawn again) agrees with drawing the
-    # whole layer again, loads and the generator state left after it.
+@given(st.integers(0, 2**31), st.sampled_from([1, 2]))
+def test_static_search_scores_swaps_as_sglang_draws(seed: int, nodes: int) -> None:
+    # The incremental scoring (ranks whose draws keep their shape reuse them) agrees with drawing
+    # the whole layer again on every rank, loads and the generator states left after it.
     rng = np.random.default_rng(seed)
     gpus, experts, slots = 4, 8, 16
     counts = rng.poisson(30, size=(gpus, experts)).astype(np.float64)
     row = place(counts.sum(axis=0, keepdims=True), gpus, slots).phy2log[0]
     start = random.Random(SGLANG_SEED).getstate()
-    layer = _Layer(row, counts, gpus, start)
+    layer = _Layer(row, counts, gpus, [start] * gpus, nodes)
     for _ in range(10):
         s, t = (int(v) for v in rng.integers(0, slots, size=2))
         trial = layer.swapped(s, t)
-        again = random.Random()
-        again.setstate(start)
-        assert np.allclose(trial.loads, static_layer_loads(trial.row, counts, gpus, again), rtol=1e-12)
-        assert trial.end == again.getstate()
+        again = _generators(gpus, start)
+        assert np.allclose(trial.loads, static_layer_loads(trial.row, counts, gpus, again, nodes), rtol=1e-12)
+        assert trial.ends == [g.getstate() for g in again]
         layer = trial
-    searched = random.Random()
-    searched.setstate(start)
-    better = static_search(row, counts, gpus, searched)
-    check = random.Random()
-    check.setstate(start)
-    before = static_layer_loads(row, counts, gpus, check).max()
-    check.setstate(start)
-    assert static_layer_loads(better, counts, gpus, check).max() <= before
-    assert check.getstate() == searched.getstate()
+    searched = _generators(gpus, start)
+    better = static_search(row, counts, gpus, searched, nodes)
+    check = _generators(gpus, start)
+    before = static_layer_loads(row, counts, gpus, check, nodes).max()
+    check = _generators(gpus, start)
+    assert static_layer_loads(better, counts, gpus, check, nodes).max() <= before
+    assert [g.getstate() for g in check] == [g.getstate() for g in searched]
     assert np.array_equal(np.bincount(better, minlength=experts), np.bincount(row, minlength=experts))
+
+
+def test_round_robin_per_step_restarts_the_blocks(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # Expert 0 on slots 0 (GPU 0) and 2 (GPU 1); four passes routed to it. One kernel call: its
+    # occurrences 0..3 go to replicas 0, 1, 0, 1. One call per pass: each is occurrence 0 of its
+    # block 0, so replica 0 every time.
+    layout = np.array([[0, 1, 0, 1]])
+    trace = [np.zeros((4, 1), dtype=np.int64)]
+    assert dispatch_loads("round-robin", layout, routing([np.array([[4, 0]])], [trace]), 2).tolist() == [[2.0, 2.0]]
+    stepped = routing([np.array([[4, 0]])], [trace], [[np.arange(4)]], "--batch 1, consecutive passes")
+    assert dispatch_loads("round-robin", layout, stepped, 2).tolist() == [[4.0, 0.0]]
+    # Two steps of two passes: 0, 1 | 0, 1.
+    halves = routing([np.array([[4, 0]])], [trace], [[np.array([0, 0, 1, 1])]], "--batch 2, consecutive passes")
+    assert dispatch_loads("round-robin", layout, halves, 2).tolist() == [[2.0, 2.0]]
+    with pytest.raises(ValueError, match="^the engine steps do not match the trace's passes$"):
+        routing([np.array([[4, 0]])], [trace], [[np.arange(3)]])
+    # Through place --batch: the document says how round-robin's calls were taken.
+    path = write_capture(tmp_path / "c.json", traced(2, 1, [[[0], [0], [0], [0], [1], [1], [1], [1]]]))
+    out = tmp_path / "p.json"
+    assert main(["place", path, "--gpus", "2", "--slots", "4", "--batch", "1", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["dispatch"]["round_robin"] == "modelled: one kernel call per serving step (--batch 1, consecutive passes)"
+    assert ("  round-robin dispatch: modelled: one kernel call per serving step (--batch 1, consecutive passes)"
+            in capfd.readouterr().out.splitlines())
+
+
+def test_trtllm_mtp_layers_get_rows(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", traced(2, 1, [[[0], [1]]]))
+    yaml_path = tmp_path / "eplb.yaml"
+    assert main(["place", path, "--gpus", "2", "--slots", "4", "--format", "trtllm", "--first-moe-layer", "3",
+                 "--mtp-layers", "1", "-o", str(yaml_path)]) == 0
+    # Decoder layers 0..2 dense, MoE layer 3 (the capture's), MTP layer 4 = num_hidden_layers + 0: trivial.
+    text = yaml_path.read_text()
+    assert text.splitlines()[2] == "  4: [0, 1, 0, 1]" and text.splitlines()[0] == "initial_global_assignments:"
+    out = capfd.readouterr().out.splitlines()
+    assert out[-2].endswith("(4 slots = 2 experts + 2 redundant; keys are decoder layers 3..3, then 1 MTP layers 4..4 "
+                            "placed trivially)")
+    assert main(["place", path, "--gpus", "2", "--format", "sglang", "--mtp-layers", "1", "-o", "-"]) == 2
+    assert capfd.readouterr().err == ("turbospark: --mtp-layers applies to --format trtllm only (got --format sglang): "
+                                      "SGLang's draft layers need no rows, turbospark's JSON holds the capture's "
+                                      "MoE layers\n")
+    assert main(["place", path, "--gpus", "2", "--format", "trtllm", "--mtp-layers", "-1", "-o", "-"]) == 2
+    assert capfd.readouterr().err == "turbospark: --mtp-layers must be 0 or more, got -1\n"

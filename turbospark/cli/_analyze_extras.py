@@ -77,8 +77,9 @@ def _placement(capture: Capture, path: str, gpus: Optional[int], dispatch: str, 
     stats = evaluate_map(capture, phy2log, gpus)
     flow = whole_flow(capture)
     assume = dispatch == "static"
-    after = by_dispatch(phy2log, flow, gpus, assume)
-    before = by_dispatch(trivial_map(phy2log.shape[0], capture.num_experts, phy2log.shape[1]), flow, gpus, assume)
+    after = by_dispatch(phy2log, flow, gpus, assume, first_layer=first_layer)
+    before = by_dispatch(trivial_map(phy2log.shape[0], capture.num_experts, phy2log.shape[1]), flow, gpus, assume,
+                         first_layer=first_layer)
     rows = [{"layer": layer, **row, "imbalance": a, "trivial_imbalance": b}
             for layer, (row, a, b) in enumerate(zip(stats, after, before))]
     routed = [row for row, total in zip(rows, capture.totals.tolist()) if total > 0]

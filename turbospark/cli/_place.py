@@ -41,7 +41,9 @@ def add_commands(commands: Any, positive: Any) -> None:
                      "with one capture, tokens assumed spread evenly over the G source ranks); round-robin = "
                      "TensorRT-LLM's load balancer routing (see docs/placement.md)")
     cmd.add_argument("--slots", type=positive, metavar="S", help="physical expert slots per layer (default: E)")
-    cmd.add_argument("--nodes", type=positive, default=1, metavar="N", help="nodes (default 1)")
+    cmd.add_argument("--nodes", type=positive, default=1, metavar="N",
+                     help="nodes the G GPUs span (default 1); static dispatch prefers a same-node replica, "
+                     "as SGLang's --nnodes N")
     cmd.add_argument("--groups", type=positive, metavar="X",
                      help="expert groups; all replicas of a group's experts stay on one node")
     cmd.add_argument("--fit", type=fraction, metavar="F",
@@ -62,6 +64,10 @@ def add_commands(commands: Any, positive: Any) -> None:
                      help="decoder-layer index of the capture's MoE layer 0, for models whose first D layers "
                      "are dense (DeepSeek-V3: 3): SGLang's map gets D trivial rows first, TensorRT-LLM's keys "
                      "run D..D+L-1 (default 0)")
+    cmd.add_argument("--mtp-layers", type=int, default=0, metavar="M",
+                     help="--format trtllm: the model's M MTP (nextn) layers, which TensorRT-LLM's load balancer "
+                     "keys num_hidden_layers + i (D + L + i here) and fails the build on without a row: each gets "
+                     "the trivial placement (default 0; DeepSeek-V3 with MTP: 1)")
     cmd.add_argument("-o", "--output", metavar="FILE",
                      help="file to write, - for stdout (default: stdout when it is not a terminal; "
                      "on a terminal only the summary is printed)")
@@ -133,6 +139,11 @@ def _geometry(capture: Capture) -> str:
 def _run_place(args: argparse.Namespace) -> int:
     if args.first_moe_layer < 0:
         raise UsageError(f"--first-moe-layer must be 0 or more, got {args.first_moe_layer}")
+    if args.mtp_layers < 0:
+        raise UsageError(f"--mtp-layers must be 0 or more, got {args.mtp_layers}")
+    if args.mtp_layers and args.format != "trtllm":
+        raise UsageError(f"--mtp-layers applies to --format trtllm only (got --format {args.format}): SGLang's "
+                         "draft layers need no rows, turbospark's JSON holds the capture's MoE layers")
     if args.format == "sglang" and args.output not in (None, "-") and not args.output.endswith(".json"):
         # SGLang parses an --init-expert-location that does not end in .json (or .pt) as JSON text.
         raise UsageError(f"-o {args.output}: SGLang reads --init-expert-location as a file only when "
@@ -145,15 +156,16 @@ def _run_place(args: argparse.Namespace) -> int:
     doc, placement = build(capture, gpus=args.gpus, slots=args.slots, nodes=args.nodes,
                            groups=args.groups, fit=args.fit, batch=args.batch, seqs=seqs,
                            source=source, dispatch=args.dispatch, flow=flow, current=current,
-                           max_moves=args.max_moves, expert_bytes=args.expert_bytes, current_source=args.current)
+                           max_moves=args.max_moves, expert_bytes=args.expert_bytes, current_source=args.current,
+                           first_layer=args.first_moe_layer)
     # Without -o on a terminal, the document (often hundreds of KB) would bury
     # the summary: print only the summary and how to save the file.
     held_back = args.output is None and sys.stdout.isatty()
     if not held_back:
-        emit(render(args.format, doc, placement.phy2log, args.first_moe_layer), args.output)
+        emit(render(args.format, doc, placement.phy2log, args.first_moe_layer, args.mtp_layers), args.output)
     # The document goes to stdout without -o (or with -o -); the summary then goes to stderr.
     out = sys.stderr if args.output in (None, "-") and not held_back else sys.stdout
-    for line in summary_lines(doc) + engine_lines(args.format, doc, args.output, args.first_moe_layer):
+    for line in summary_lines(doc) + engine_lines(args.format, doc, args.output, args.first_moe_layer, args.mtp_layers):
         print(line, file=out)
     if held_back:
         print(f"placement not written ({args.format}): give -o FILE to save it, or -o - to print it here", file=out)
@@ -162,7 +174,8 @@ def _run_place(args: argparse.Namespace) -> int:
     return 0
 
 
-def engine_lines(fmt: str, doc: dict[str, Any], output: Optional[str], first_layer: int) -> list[str]:
+def engine_lines(fmt: str, doc: dict[str, Any], output: Optional[str], first_layer: int,
+                 mtp_layers: int = 0) -> list[str]:
     """What the engine needs beside the file: EP size, slot count, flags, the layers placed trivially."""
     inputs = doc["inputs"]
     gpus, slots, experts, layers = inputs["gpus"], inputs["slots"], inputs["num_experts"], inputs["num_layers"]
@@ -174,19 +187,30 @@ def engine_lines(fmt: str, doc: dict[str, Any], output: Optional[str], first_lay
     name = output if output not in (None, "-") else "FILE"
     spare = f"{slots} slots = {experts} experts + {slots - experts} redundant"
     decoder = f"decoder layers {first_layer}..{first_layer + layers - 1}"
+    nodes = inputs["nodes"]
     if fmt == "sglang":
         rows = f"{first_layer} trivial rows for the dense layers, then " if first_layer else ""
         imb = doc["summary"]["imbalance"]
-        lines.append(f"SGLang: --ep-size {gpus} --ep-num-redundant-experts {slots - experts} "
-                     f"--init-expert-location {name if name.endswith('.json') else name + '.json'} "
-                     f"({spare}; {rows}{layers} MoE rows)")
+        # DeepEP sets SGLang's ep_size to tp_size: without --tp G the map is read for another EP size.
+        multi = f" --nnodes {nodes}" if nodes > 1 else ""
+        lines.append(f"SGLang: --tp {gpus} --ep-size {gpus} --moe-a2a-backend deepep "
+                     f"--ep-num-redundant-experts {slots - experts} "
+                     f"--init-expert-location {name if name.endswith('.json') else name + '.json'}{multi} "
+                     f"({spare}; {rows}{layers} MoE rows" + (f"; each node adds --node-rank, --dist-init-addr"
+                                                             if nodes > 1 else "") + ")")
         static = "unknown (no per-rank captures)" if imb["static"] is None else f"{imb['static']:.3f}"
         lines.append(f"  SGLang's dispatch: static (the default with DeepEP) gives imbalance {static}, "
                      f"--ep-dispatch-algorithm dynamic about {_fmt(imb['even'])} "
                      f"(optimised for {doc['dispatch']['model']})")
     elif fmt == "trtllm":
+        if mtp_layers:
+            decoder += f", then {mtp_layers} MTP layers {first_layer + layers}..{first_layer + layers + mtp_layers - 1} " \
+                       "placed trivially"
         lines.append(f"TensorRT-LLM: moe_config: {{load_balancer: {name}}} with enable_attention_dp: true, "
-                     f"--ep {gpus} ({spare}; keys are {decoder})")
+                     f"trtllm-serve --tp_size {gpus} --ep_size {gpus} ({spare}; keys are {decoder})")
+        if not mtp_layers:
+            lines.append(f"  with MTP (nextn) layers give --mtp-layers M: TensorRT-LLM keys them "
+                         f"{first_layer + layers} and up and fails the build (KeyError) without a row")
     return lines
 
 

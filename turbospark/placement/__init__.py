@@ -11,10 +11,10 @@ round-robin): never worse than the published algorithm under that model,
 better where its greedy leaves room. For static dispatch two more candidates
 join (without groups): replica counts that divide G on distinct GPUs
 (``_static``), as packed and as refined, and the chosen map is improved by
-slot swaps scored exactly under static dispatch; SGLang's shared random generator
-couples the layers, so there the choice runs layer by layer and the
-guarantee (against the published map and the even-optimised one, both
-under static) is on the mean imbalance over layers.
+slot swaps scored exactly under static dispatch; each source rank's random
+generator runs through the layers (SGLang draws on every rank), so there the
+choice runs layer by layer and the guarantee (against the published map and
+the even-optimised one, both under static) is on the mean imbalance over layers.
 
 ``turbospark.placement.document`` evaluates a placement in and out of
 sample; ``turbospark.placement.formats`` writes what SGLang and
@@ -23,7 +23,6 @@ TensorRT-LLM read.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,7 +31,7 @@ import numpy as np
 from ._greedy import eplb
 from ._refine import refine
 from ._static import divisor_placement, static_search
-from .dispatch import SGLANG_SEED, DISPATCH, Routing, known_loads, routing, source_counts, static_layer_loads
+from .dispatch import DISPATCH, Routing, known_loads, routing, source_counts, static_generators, static_layer_loads
 from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
 
 __all__ = ["DISPATCH", "Placement", "Routing", "check_geometry", "place", "routing", "trivial_map"]
@@ -86,7 +85,7 @@ def check_geometry(num_experts: int, gpus: int, slots: Optional[int], nodes: int
 
 def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int = 1,
           groups: Optional[int] = None, dispatch: str = "even", flow: Optional[Routing] = None,
-          assume_even: bool = False) -> Placement:
+          assume_even: bool = False, first_layer: int = 0) -> Placement:
     """Place each layer's experts for the (L, E) non-negative ``counts``.
 
     ``gpus`` G, ``slots`` S (default E; S - E replicas), ``nodes`` N and
@@ -96,8 +95,10 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
     ``dispatch`` (one of ``DISPATCH``) is the model each layer's busiest GPU
     is judged under; ``flow`` the per-source-rank routing behind ``counts``
     (default: ``counts`` as one unknown source); ``static`` without measured
-    ranks needs ``assume_even`` (tokens spread evenly over the G ranks).
-    Returns a ``Placement``; raises ``ValueError`` for invalid settings or counts.
+    ranks needs ``assume_even`` (tokens spread evenly over the G ranks);
+    static dispatch also depends on ``nodes`` (a rank prefers a same-node
+    replica) and ``first_layer`` (the dense layers before MoE layer 0, whose
+    trivial rows SGLang's generators run through first). Returns a ``Placement``; raises ``ValueError`` for invalid settings or counts.
     """
     if dispatch not in DISPATCH:
         raise ValueError(f"--dispatch must be one of {', '.join(DISPATCH)}, got {dispatch!r}")
@@ -128,37 +129,41 @@ def place(counts: np.ndarray, gpus: int, slots: Optional[int] = None, nodes: int
             shaped.append(refine(shaped[0], weight, gpus, 1))
             for m in shaped:
                 m[idle] = refined[idle]
-        phy2log = _static_choice([refined, published, *shaped], flow, gpus)
+        phy2log = _static_choice([refined, published, *shaped], flow, gpus, nodes, first_layer)
     else:
         scores = [known_loads(dispatch, m, flow, gpus).max(axis=1) for m in (refined, published)]
         phy2log = np.where((scores[0] <= scores[1])[:, None], refined, published)
     return Placement(phy2log, replica_counts(phy2log, experts), greedy, gpus, nodes, groups, dispatch)
 
 
-def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int) -> np.ndarray:
-    """Under static dispatch SGLang's one generator runs through the layers, so a layer's fallback
+def _static_choice(candidates: list[np.ndarray], flow: Routing, gpus: int, nodes: int,
+                   first_layer: int) -> np.ndarray:
+    """Under static dispatch each source rank's generator runs through the layers, so a layer's
     draws depend on the maps before it: choose layer by layer among ``candidates`` (the refined
     map, the published one, then any others) whichever has the lightest busiest GPU from the
-    generator state the earlier choices leave (the first on ties), improve it by exactly scored
+    generator states the earlier choices leave (the first on ties), improve it by exactly scored
     swaps (``static_search``), then keep whichever of that map, the even-optimised one and the
     published one has the lowest mean imbalance."""
     refined, published = candidates[0], candidates[1]
     sent = source_counts(flow, gpus)
-    rng = random.Random(SGLANG_SEED)
+    rngs = static_generators(gpus, sent.shape[-1], published.shape[1], nodes, first_layer)
     chosen = published.copy()
     for layer in range(published.shape[0]):
-        state = rng.getstate()
+        states = [rng.getstate() for rng in rngs]
         tried = []
         for m in candidates:
+            for rng, state in zip(rngs, states):
+                rng.setstate(state)
+            tried.append(static_layer_loads(m[layer], sent[:, layer], gpus, rngs, nodes).max())
+        pick = min(range(len(candidates)), key=lambda i: (tried[i], i))
+        for rng, state in zip(rngs, states):
             rng.setstate(state)
-            tried.append((static_layer_loads(m[layer], sent[:, layer], gpus, rng).max(), rng.getstate()))
-        pick = min(range(len(candidates)), key=lambda i: (tried[i][0], i))
-        rng.setstate(state)
-        chosen[layer] = static_search(candidates[pick][layer], sent[:, layer], gpus, rng)
+        chosen[layer] = static_search(candidates[pick][layer], sent[:, layer], gpus, rngs, nodes)
     even_scores = [gpu_loads(m, flow.total, gpus).max(axis=1) for m in (refined, published)]
     even_optimised = np.where((even_scores[0] <= even_scores[1])[:, None], refined, published)
     finalists = (chosen, even_optimised, published)
-    means = [_mean_imbalance(known_loads("static", m, flow, gpus, True)) for m in finalists]
+    means = [_mean_imbalance(known_loads("static", m, flow, gpus, True, nodes=nodes, first_layer=first_layer))
+             for m in finalists]
     return finalists[int(np.argmin(means))]
 
 

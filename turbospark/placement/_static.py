@@ -1,13 +1,16 @@
-"""A placement shaped for SGLang's static dispatch: replica counts that divide G, replicas on distinct GPUs.
+"""A placement shaped for SGLang's static dispatch, and a swap search scored exactly under it.
 
-Under static dispatch (``turbospark.placement.dispatch``) an expert with r
-replicas on r distinct GPUs keeps the tokens of those r source ranks local
-and deals the other k = G - r ranks over its r slots: k // r each, plus
-``k mod r`` drawn at random. When r divides G the remainder is 0, so every
-replica serves exactly G / r source ranks; with tokens spread evenly over
-the ranks that is 1/r of the expert's tokens, the even model's share. The
-even model's optimum is then also static's, and the random draws decide
-only which ranks a replica serves.
+Under static dispatch (``turbospark.placement.dispatch``) a source rank
+sends an expert's tokens to its own copy when it holds one; an expert with
+r replicas on r distinct GPUs leaves k = G - r ranks to SGLang's fair
+choice, which hands each of them a slot from a list of k // r copies of
+every slot plus ``k mod r`` sampled ones. When r divides G that list has no
+sampled part, but each rank shuffles it with its *own* generator (which the
+experts it holds have advanced differently) and takes its own place: two
+ranks can take the same slot, so the replicas do not serve G / r ranks
+each, and static is not the even model even for an even spread (on several
+nodes a same-node copy is preferred as well). The divisor shape is one
+candidate among others, each judged exactly.
 
 ``divisor_placement`` builds such a map per layer:
 
@@ -20,16 +23,19 @@ only which ranks a replica serves.
 * packing: slots in descending load per replica (expert id on ties), each
   onto the lightest GPU with room that holds no replica of that expert
   (lowest GPU on ties), or the lightest GPU with room when none is left.
+
+``static_search`` improves a layer by slot swaps, each scored with every
+source rank's generator as SGLang draws it.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .dispatch import _fair_choices
+from .dispatch import StaticPlan, _fair_choices, static_plan
 
 __all__ = ["divisor_placement", "static_search"]
 
@@ -72,24 +78,24 @@ def _layer(weight: np.ndarray, slots: int, gpus: int) -> np.ndarray:
     return np.array([e for gpu in filled for e in gpu], dtype=np.int64)
 
 
-def static_search(row: np.ndarray, sent: np.ndarray, gpus: int, rng: random.Random,
+def static_search(row: np.ndarray, sent: np.ndarray, gpus: int, rngs: Sequence[random.Random], nodes: int = 1,
                   rounds: int = 16, width: int = 32) -> np.ndarray:
     """Improve one layer's (S,) map for static dispatch by slot swaps between GPUs, judged exactly.
 
-    ``sent`` (G source, E) tokens; ``rng`` holds SGLang's generator state at this layer and is left
-    where SGLang's would be after the returned row. Per round: the ``width`` swaps between the
-    busiest GPU and another that look best by the even model's shares are scored exactly under
-    static dispatch, and the best that lowers the busiest GPU is made; it stops after ``rounds``
-    or when none does. A swap that keeps, for both experts, the number of GPUs holding them keeps
-    every draw of the generator (their count depends only on each expert's replica and
-    missing-rank counts), so only the two experts' choices are drawn again from their recorded
-    states; any other swap is scored by drawing the whole layer again.
+    ``sent`` (G source, E) tokens; ``rngs[g]`` holds source rank g's SGLang generator at this
+    layer and is left where it would be after the returned row. Per round: the ``width`` swaps
+    between the busiest GPU and another that look best by the even model's shares are scored
+    exactly under static dispatch, and the best that lowers the busiest GPU is made; it stops
+    after ``rounds`` or when none does. A swap changes only the two experts' candidates: a rank
+    whose draws for them keep their shape (it draws for each before and after, from as many
+    slots for as many ranks, or for neither) keeps every draw of its generator, so only its
+    picks of those two experts are read again from the recorded choices; the other ranks draw
+    their whole layer again.
     """
-    start = rng.getstate()
     per_gpu = row.shape[0] // gpus
     gpu_of = np.arange(row.shape[0]) // per_gpu
     best_row = row.copy()
-    view = _Layer(best_row, sent, gpus, start)
+    view = _Layer(best_row, sent, gpus, [rng.getstate() for rng in rngs], nodes)
     for _ in range(rounds):
         a = int(np.argmax(view.loads))
         top = view.loads[a]
@@ -112,7 +118,8 @@ def static_search(row: np.ndarray, sent: np.ndarray, gpus: int, rng: random.Rand
             break
         view = found
         best_row = view.row
-    rng.setstate(view.end)
+    for rng, state in zip(rngs, view.ends):
+        rng.setstate(state)
     return best_row
 
 
@@ -120,56 +127,55 @@ _MIN_GAIN = 1e-12  # a swap must lower the busiest GPU by more than this share o
 
 
 class _Layer:
-    """One layer's static dispatch: the map, the generator state before each expert's draws,
-    the (G, E) target GPUs, the GPU loads, and the generator state after the layer. With
-    ``base`` (the same layer before a swap of the ``changed`` experts) and unchanged missing-rank
-    counts for those, only their draws are made again; otherwise the whole layer is drawn."""
+    """One layer's static dispatch: the map, its ``StaticPlan``, per source rank the generator
+    state before each expert it draws for and the choices drawn (positions in the expert's
+    candidates), the (G, E) target GPUs, the GPU loads, and each rank's generator state after
+    the layer. With ``base`` (the same layer before a swap of the ``changed`` experts), a rank
+    whose draws for those keep their shape reuses its draws; the others draw again."""
 
-    states: list[tuple[Any, ...]]
-    end: tuple[Any, ...]
+    plan: StaticPlan
+    states: list[dict[int, tuple[Any, ...]]]
+    choices: list[dict[int, list[int]]]
+    ends: list[tuple[Any, ...]]
     target: np.ndarray
     loads: np.ndarray
 
-    def __init__(self, row: np.ndarray, sent: np.ndarray, gpus: int, start: tuple[Any, ...],
+    def __init__(self, row: np.ndarray, sent: np.ndarray, gpus: int, starts: list[tuple[Any, ...]], nodes: int = 1,
                  base: Optional["_Layer"] = None, changed: tuple[int, ...] = ()) -> None:
-        self.row, self.sent, self.gpus, self.start = row, sent, gpus, start
-        experts, slots = sent.shape[1], row.shape[0]
-        self.per_gpu = slots // gpus
-        self.local = np.full((gpus, experts), slots, dtype=np.int64)
-        np.minimum.at(self.local, (np.arange(slots) // self.per_gpu, row), np.arange(slots))
-        self.missing = (self.local == slots).sum(axis=0)
+        self.row, self.sent, self.gpus, self.starts, self.nodes = row, sent, gpus, starts, nodes
+        self.per_gpu = row.shape[0] // gpus
+        self.plan = plan = static_plan(row, sent.shape[1], gpus, nodes)
+        slots = plan.nearest.copy()
+        self.states, self.choices, self.ends = [], [], []
         rng = random.Random()
-        if base is not None and all(self.missing[e] == base.missing[e] for e in changed):
-            self.states, self.end = base.states, base.end
-            self.target, self.loads = base.target.copy(), base.loads.copy()
-            for e in changed:
-                self.loads -= self._column_loads(e)
-                rng.setstate(self.states[e])
-                self.target[:, e] = self._draw(e, rng)
-                self.loads += self._column_loads(e)
-            return
-        rng.setstate(start)
-        self.states = []
-        self.target = np.empty((gpus, experts), dtype=np.int64)
-        for e in range(experts):
-            self.states.append(rng.getstate())
-            self.target[:, e] = self._draw(e, rng)
-        self.end = rng.getstate()
-        self.loads = sum((self._column_loads(e) for e in range(experts)), np.zeros(gpus))
-
-    def _draw(self, expert: int, rng: random.Random) -> np.ndarray:
-        """``expert``'s target GPU per source rank: its lowest local slot, else SGLang's fair choice."""
-        column = self.local[:, expert].copy()
-        lacking = np.flatnonzero(column == self.row.shape[0])
-        if lacking.size:
-            column[lacking] = _fair_choices(np.flatnonzero(self.row == expert).tolist(), int(lacking.size), rng)
-        return column // self.per_gpu
-
-    def _column_loads(self, expert: int) -> np.ndarray:
-        return np.bincount(self.target[:, expert], weights=self.sent[:, expert], minlength=self.gpus)
+        for rank in range(gpus):
+            if base is not None and all(_shape(plan, rank, e) == _shape(base.plan, rank, e) for e in changed):
+                states, choices = base.states[rank], base.choices[rank]
+                end = base.ends[rank]
+            else:
+                rng.setstate(starts[rank])
+                states, choices = {}, {}
+                for e in plan.rank_draws(rank):
+                    states[e] = rng.getstate()
+                    choices[e] = _fair_choices(list(range(len(plan.candidates[e]))), len(plan.remaining[e]), rng)
+                end = rng.getstate()
+            for e, drawn in choices.items():
+                slots[rank, e] = plan.candidates[e][drawn[plan.remaining[e].index(rank)]]
+            self.states.append(states)
+            self.choices.append(choices)
+            self.ends.append(end)
+        self.target = slots // self.per_gpu
+        self.loads = np.bincount(self.target.ravel(), weights=sent.ravel(), minlength=gpus)
 
     def swapped(self, s: int, t: int) -> "_Layer":
         """This layer with slots ``s`` and ``t`` exchanged, scored exactly."""
         row = self.row.copy()
         row[s], row[t] = row[t], row[s]
-        return _Layer(row, self.sent, self.gpus, self.start, self, (int(self.row[s]), int(self.row[t])))
+        return _Layer(row, self.sent, self.gpus, self.starts, self.nodes, self, (int(self.row[s]), int(self.row[t])))
+
+
+def _shape(plan: StaticPlan, rank: int, expert: int) -> Optional[tuple[int, int]]:
+    """What ``rank``'s generator consumes for ``expert``: None (no draw) or (slots, ranks drawing)."""
+    if plan.nearest[rank, expert] >= 0:
+        return None
+    return len(plan.candidates[expert]), len(plan.remaining[expert])

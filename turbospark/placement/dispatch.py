@@ -7,17 +7,25 @@ token; the GPU loads, and so the imbalance, depend on that choice:
 * ``even``: every replica receives 1/r of the expert's tokens (SGLang's
   ``--ep-dispatch-algorithm dynamic`` in expectation; DeepSeek's EPLB model).
 * ``static``: SGLang's static dispatch (its default with an all-to-all
-  backend such as DeepEP), following ``python/sglang/srt/eplb/expert_location.py``
-  (``compute_logical_to_rank_dispatch_physical_map``) and
-  ``python/sglang/srt/eplb/expert_location_dispatch.py``: source rank g sends
-  *all* its tokens for expert e to one fixed slot, the lowest-numbered slot
-  of e on GPU g when there is one; the source ranks without a local replica
-  get slots from ``_fair_choices``: with a ``random.Random(42)`` shared by the
-  whole map, layer by layer and expert by expert (ascending), the k ranks
-  lacking a local copy receive the expert's slots (ascending) repeated
-  k // r times plus ``sample(slots, k % r)``, shuffled, assigned to those
-  ranks in ascending order. Python's ``random`` is the same here, so the map
-  is SGLang's own, draw for draw. Needs per-source-rank counts.
+  backend such as DeepEP), following SGLang 0.5.23's
+  ``python/sglang/srt/eplb/expert_location.py`` (``init_by_mapping``,
+  ``_compute_logical_to_all_physical_map``, ``compute_logical_to_rank_dispatch_physical_map``,
+  ``_find_nearest_expert``, ``_fair_choices``) and
+  ``expert_location_dispatch.py``, as each source rank g computes its own
+  map at start-up: source rank g sends *all* its tokens for expert e to one
+  fixed slot. With one slot, that slot; else the lowest slot of e on GPU g;
+  else, on several nodes, the lowest slot of e on g's node when that node
+  holds some but not all of e's slots; else a draw: the k ranks with none
+  of these (in ascending order) receive e's slots (ascending) repeated
+  k // r times plus ``sample(slots, k % r)``, shuffled, and g takes its
+  place in that list. Rank g draws from its *own* ``random.Random(42)``,
+  which runs through the map's rows in order (the D trivial rows of the
+  dense layers first, then the MoE layers), expert by expert, and draws
+  only where g itself lacks a near copy: the ranks' generators diverge, so
+  two ranks lacking the same expert may pick the same slot. Python's
+  ``random`` is the same here, so every rank's map is SGLang's own, draw for
+  draw (tests/placement/test_sglang_dispatch.py runs SGLang's code on our
+  files). Needs per-source-rank counts.
 * ``round-robin``: TensorRT-LLM's load balancer routing, following
   ``cpp/tensorrt_llm/kernels/moeLoadBalance/moeLoadBalanceKernels.cu``
   (``moeComputeRouteKernel``) and ``tensorrt_llm/_torch/modules/fused_moe``
@@ -28,7 +36,9 @@ token; the GPU loads, and so the imbalance, depend on that choice:
   ``cpp/tensorrt_llm/runtime/moeLoadBalancer/moeLoadBalancer.cpp`` fills
   ``globalSlotIds``), g the source rank
   (0 without attention DP: one capture). A layer's passes are taken as one
-  kernel call. From counts alone (no trace) each rank's n tokens of e are one
+  kernel call, unless the routing carries engine steps (``place --batch B``):
+  then each step is a call, its passes in recorder order, and the blocks
+  restart at each. From counts alone (no trace) each rank's n tokens of e are one
   block: replica q receives ``ceil((n - (q - g) mod r) / r)`` of them.
 
 Source ranks: ``Routing`` holds per-rank counts (R, L, E) and traces. With R
@@ -48,8 +58,9 @@ import numpy as np
 
 from .evaluate import gpu_loads
 
-__all__ = ["DISPATCH", "Routing", "dispatch_loads", "known_loads", "routing", "source_counts", "static_layer", "static_layer_loads",
-           "static_slots", "trtllm_block"]
+__all__ = ["DISPATCH", "Routing", "StaticPlan", "dispatch_loads", "known_loads", "round_robin_note", "routing",
+           "source_counts", "static_generators", "static_layer", "static_layer_loads", "static_plan", "static_slots",
+           "trtllm_block"]
 
 DISPATCH = ("even", "static", "round-robin")
 
@@ -60,17 +71,27 @@ STATIC_UNKNOWN = ("per-source-rank loads unknown: give one capture per rank (ran
                   "or --dispatch static to assume an even spread over the G ranks")
 STATIC_ASSUMED = "assumed: each expert's tokens spread evenly over the {gpus} source ranks (one capture)"
 STATIC_MEASURED = "measured: one capture per source rank ({ranks} ranks, rank i = file i)"
+ROUND_ROBIN_LAYER = ("assumed: each layer's passes are one kernel call (per-step calls restart the blocks and "
+                     "raise the figure{hint})")
+ROUND_ROBIN_HINT = "; --batch B models steps of B passes"
+ROUND_ROBIN_STEPS = "modelled: one kernel call per serving step ({steps})"
+ROUND_ROBIN_COUNTS = "assumed: from counts alone, each rank's tokens of an expert are one block (no trace)"
 
 
 @dataclass(frozen=True)
 class Routing:
     """Routed tokens by source rank: ``counts`` (R, L, E); ``traces`` None or, per rank,
     per layer, the (P, K) ids in pass order; ``measured``: True when the R ranks are
-    real per-rank captures, False for one capture (R = 1, ranks unknown)."""
+    real per-rank captures, False for one capture (R = 1, ranks unknown); ``calls``
+    None (each layer's passes are one kernel call) or, per rank, per layer, the (P,)
+    engine step of each traced pass (round-robin runs one kernel call per step);
+    ``steps`` says how the steps were formed."""
 
     counts: np.ndarray
     traces: Optional[tuple[tuple[np.ndarray, ...], ...]]
     measured: bool
+    calls: Optional[tuple[tuple[np.ndarray, ...], ...]] = None
+    steps: Optional[str] = None
 
     @property
     def total(self) -> np.ndarray:
@@ -78,44 +99,127 @@ class Routing:
         return self.counts.sum(axis=0).astype(np.float64)
 
 
-def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.ndarray]]] = None) -> Routing:
+def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.ndarray]]] = None,
+            calls: Optional[Sequence[Sequence[np.ndarray]]] = None, steps: Optional[str] = None) -> Routing:
     """A ``Routing`` from per-rank (L, E) counts (one entry: ranks unknown) and, optionally,
-    per-rank per-layer (P, K) traces. Raises ``ValueError`` when the ranks differ in shape."""
+    per-rank per-layer (P, K) traces and (P,) engine steps of their passes (``steps``: how
+    they were formed, for the output). Raises ``ValueError`` when the ranks differ in shape,
+    or steps come without a trace or do not match its passes."""
     shapes = {np.shape(c) for c in counts}
     if len(shapes) != 1:
         raise ValueError(f"the per-rank counts differ in shape: {sorted(shapes)}")
     stacked = np.stack([np.asarray(c) for c in counts])
     kept = None if traces is None else tuple(tuple(np.asarray(ids) for ids in rank) for rank in traces)
-    return Routing(stacked, kept, len(stacked) > 1)
+    steps_kept = None
+    if calls is not None:
+        if kept is None:
+            raise ValueError("engine steps need the trace they cut")
+        steps_kept = tuple(tuple(np.asarray(c, dtype=np.int64) for c in rank) for rank in calls)
+        if [[c.shape[0] for c in rank] for rank in steps_kept] != [[ids.shape[0] for ids in rank] for rank in kept]:
+            raise ValueError("the engine steps do not match the trace's passes")
+    return Routing(stacked, kept, len(stacked) > 1, steps_kept, steps if calls is not None else None)
 
 
-def static_slots(phy2log: np.ndarray, num_experts: int, gpus: int) -> np.ndarray:
-    """(L, G, E) int64: the slot source rank g sends expert e's tokens to under SGLang's static dispatch."""
-    rng = random.Random(SGLANG_SEED)
-    return np.stack([static_layer(row, num_experts, gpus, rng) for row in phy2log])
+def round_robin_note(flow: Routing, batch_hint: bool = False) -> str:
+    """How round-robin's kernel calls were taken for ``flow``: per step, per layer, or from counts;
+    ``batch_hint``: say that ``--batch`` models steps (where one capture's command takes it)."""
+    if flow.traces is None:
+        return ROUND_ROBIN_COUNTS
+    if flow.calls is not None:
+        return ROUND_ROBIN_STEPS.format(steps=flow.steps)
+    return ROUND_ROBIN_LAYER.format(hint=ROUND_ROBIN_HINT if batch_hint and not flow.measured else "")
 
 
-def static_layer(row: np.ndarray, num_experts: int, gpus: int, rng: random.Random) -> np.ndarray:
-    """(G, E) static dispatch slots of one layer's (S,) map, drawing from ``rng`` as SGLang does
-    (its one generator runs through the layers in order, so a layer's draws depend on the earlier ones)."""
+def static_slots(phy2log: np.ndarray, num_experts: int, gpus: int, nodes: int = 1,
+                 first_layer: int = 0) -> np.ndarray:
+    """(L, G, E) int64: the slot source rank g sends expert e's tokens to under SGLang's static
+    dispatch, each rank's map computed as that rank computes it (module docstring)."""
+    rngs = static_generators(gpus, num_experts, phy2log.shape[1], nodes, first_layer)
+    return np.stack([static_layer(row, num_experts, gpus, rngs, nodes) for row in phy2log])
+
+
+def static_generators(gpus: int, num_experts: int, slots: int, nodes: int = 1,
+                      first_layer: int = 0) -> list[random.Random]:
+    """Each source rank's ``random.Random(42)`` as it stands at the first MoE layer: after the
+    ``first_layer`` trivial rows (slot s holds expert s mod E) SGLang's map starts with."""
+    rngs = [random.Random(SGLANG_SEED) for _ in range(gpus)]
+    if first_layer:
+        trivial = np.arange(slots) % num_experts
+        for _ in range(first_layer):
+            static_layer(trivial, num_experts, gpus, rngs, nodes)
+    return rngs
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """What one layer's map fixes before any draw: ``candidates[e]``, the slots of expert e
+    (ascending); ``nearest`` (G, E), the slot rank g takes without drawing (-1: it draws);
+    ``draws`` (ascending) the experts some rank draws for, and ``remaining[e]`` those ranks."""
+
+    candidates: list[list[int]]
+    nearest: np.ndarray
+    draws: list[int]
+    remaining: dict[int, list[int]]
+
+    def rank_draws(self, rank: int) -> list[int]:
+        """The experts ``rank`` draws for, in the order its generator serves them."""
+        return [e for e in self.draws if self.nearest[rank, e] < 0]
+
+
+def static_plan(row: np.ndarray, num_experts: int, gpus: int, nodes: int = 1) -> StaticPlan:
+    """SGLang's ``_find_nearest_expert`` for every (rank, expert) of one layer's (S,) map: an
+    expert with one slot takes it; else the lowest slot on the rank's GPU; else, on several
+    nodes, the lowest slot on the rank's node when the node holds some but not all of the
+    expert's slots; else the rank draws (-1)."""
     slots = row.shape[0]
-    # The lowest slot of each expert on each GPU; ``slots`` marks "no local copy".
-    out = np.full((gpus, num_experts), slots, dtype=np.int64)
-    np.minimum.at(out, (np.arange(slots) // (slots // gpus), row), np.arange(slots))
-    out[out == slots] = -1
-    candidates: list[list[int]] = [[] for _ in range(num_experts)]
-    for slot, expert in enumerate(row.tolist()):
-        candidates[expert].append(slot)
-    for expert in range(num_experts):
-        missing = np.flatnonzero(out[:, expert] < 0)
-        if missing.size:  # k = 0 draws nothing from the generator, as in SGLang
-            out[missing, expert] = _fair_choices(candidates[expert], int(missing.size), rng)
+    per_gpu = slots // gpus
+    per_node = per_gpu * (gpus // nodes)
+    index = np.arange(slots)
+    order = np.argsort(row, kind="stable")
+    bounds = np.searchsorted(row[order], np.arange(num_experts + 1))
+    candidates = [order[bounds[e]:bounds[e + 1]].tolist() for e in range(num_experts)]
+    replicas = np.diff(bounds)
+    local = np.full((gpus, num_experts), slots, dtype=np.int64)
+    np.minimum.at(local, (index // per_gpu, row), index)
+    nearest = np.where(local < slots, local, -1)
+    if nodes > 1:
+        node_low = np.full((nodes, num_experts), slots, dtype=np.int64)
+        np.minimum.at(node_low, (index // per_node, row), index)
+        node_count = np.zeros((nodes, num_experts), dtype=np.int64)
+        np.add.at(node_count, (index // per_node, row), 1)
+        node_of = np.arange(gpus) // (gpus // nodes)
+        narrows = (node_count[node_of] > 0) & (node_count[node_of] < replicas)
+        nearest = np.where((nearest < 0) & narrows, node_low[node_of], nearest)
+    single = replicas == 1
+    nearest[:, single] = order[bounds[:-1][single]]
+    lacking = nearest < 0
+    draws = np.flatnonzero(lacking.any(axis=0)).tolist()
+    remaining = {e: np.flatnonzero(lacking[:, e]).tolist() for e in draws}
+    return StaticPlan(candidates, nearest, draws, remaining)
+
+
+def static_layer(row: np.ndarray, num_experts: int, gpus: int, rngs: Sequence[random.Random],
+                 nodes: int = 1) -> np.ndarray:
+    """(G, E) static dispatch slots of one layer's (S,) map; ``rngs[g]`` is rank g's generator,
+    advanced as SGLang's on that rank (it draws only for the experts it has no near copy of)."""
+    plan = static_plan(row, num_experts, gpus, nodes)
+    out = plan.nearest.copy()
+    for rank, rng in enumerate(rngs):
+        for e in plan.rank_draws(rank):
+            out[rank, e] = plan.candidates[e][fair_position(plan, e, rank, rng)]
     return out
 
 
-def static_layer_loads(row: np.ndarray, sent: np.ndarray, gpus: int, rng: random.Random) -> np.ndarray:
+def fair_position(plan: StaticPlan, expert: int, rank: int, rng: random.Random) -> int:
+    """Which of ``expert``'s candidates ``rank`` gets from SGLang's ``_fair_choices``, drawn from ``rng``."""
+    ranks = plan.remaining[expert]
+    return _fair_choices(list(range(len(plan.candidates[expert]))), len(ranks), rng)[ranks.index(rank)]
+
+
+def static_layer_loads(row: np.ndarray, sent: np.ndarray, gpus: int, rngs: Sequence[random.Random],
+                       nodes: int = 1) -> np.ndarray:
     """(G,) tokens each GPU receives at one layer under static dispatch; ``sent`` (G source, E)."""
-    target = static_layer(row, sent.shape[1], gpus, rng) // (row.shape[0] // gpus)
+    target = static_layer(row, sent.shape[1], gpus, rngs, nodes) // (row.shape[0] // gpus)
     return np.bincount(target.ravel(), weights=sent.ravel(), minlength=gpus)
 
 
@@ -136,40 +240,51 @@ def _fair_choices(arr: list[int], k: int, rng: random.Random) -> list[int]:
 
 
 def dispatch_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int,
-                   assume_even: bool = False) -> Optional[np.ndarray]:
+                   assume_even: bool = False, *, nodes: int = 1, first_layer: int = 0) -> Optional[np.ndarray]:
     """(L, G) float64 tokens each GPU receives under dispatch ``model`` (one of ``DISPATCH``).
 
     ``static`` without measured ranks returns None unless ``assume_even``
-    (each expert's tokens split evenly over G source ranks). Measured ranks
-    must number G. Raises ``ValueError`` for an unknown model or rank count.
+    (each expert's tokens split evenly over G source ranks); it depends on
+    the ``nodes`` the G ranks span (a rank prefers a replica on its node)
+    and on ``first_layer``, the dense layers whose trivial rows SGLang's
+    generators run through first. Measured ranks must number G. Raises
+    ``ValueError`` for an unknown model, a rank count other than G, or
+    ``nodes`` not dividing G.
     """
     if model not in DISPATCH:
         raise ValueError(f"--dispatch must be one of {', '.join(DISPATCH)}, got {model!r}")
     if flow.measured and flow.counts.shape[0] != gpus:
         raise ValueError(f"{flow.counts.shape[0]} per-rank captures for --gpus {gpus}: "
                          "static and round-robin dispatch need one capture per GPU")
+    if type(nodes) is not int or nodes < 1 or gpus % nodes:
+        raise ValueError(f"--gpus {gpus} is not divisible by --nodes {nodes!r}")
+    if type(first_layer) is not int or first_layer < 0:
+        raise ValueError(f"--first-moe-layer must be 0 or more, got {first_layer!r}")
     if model == "even":
         return gpu_loads(phy2log, flow.total, gpus)
     if model == "static":
         if not flow.measured and not assume_even:
             return None
-        return _static_loads(phy2log, flow, gpus)
+        return _static_loads(phy2log, flow, gpus, nodes, first_layer)
     return _round_robin_loads(phy2log, flow, gpus)
 
 
-def known_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool = False) -> np.ndarray:
+def known_loads(model: str, phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool = False, *,
+                nodes: int = 1, first_layer: int = 0) -> np.ndarray:
     """``dispatch_loads`` where the loads must be known; raises ``ValueError`` for static without
     per-rank counts and without ``assume_even``."""
-    loads = dispatch_loads(model, phy2log, flow, gpus, assume_even)
+    loads = dispatch_loads(model, phy2log, flow, gpus, assume_even, nodes=nodes, first_layer=first_layer)
     if loads is None:
         raise ValueError(STATIC_UNKNOWN)
     return loads
 
 
-def _static_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndarray:
+def _static_loads(phy2log: np.ndarray, flow: Routing, gpus: int, nodes: int, first_layer: int) -> np.ndarray:
     sent = source_counts(flow, gpus)
-    rng = random.Random(SGLANG_SEED)
-    return np.stack([static_layer_loads(row, sent[:, layer], gpus, rng) for layer, row in enumerate(phy2log)])
+    experts = sent.shape[-1]
+    rngs = static_generators(gpus, experts, phy2log.shape[1], nodes, first_layer)
+    return np.stack([static_layer_loads(row, sent[:, layer], gpus, rngs, nodes)
+                     for layer, row in enumerate(phy2log)])
 
 
 def _slot_order(phy2log: np.ndarray, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,9 +307,21 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
         for layer in range(layers):
             r = replicas[layer]
             if flow.traces is not None:
-                ids = flow.traces[rank][layer].reshape(-1).astype(np.int64)
-                block = np.arange(ids.size) // trtllm_block
-                key = block * experts + ids
+                passes = flow.traces[rank][layer]
+                width = passes.shape[1] if passes.ndim == 2 else 1
+                if flow.calls is None:
+                    ids = passes.reshape(-1).astype(np.int64)
+                    block = np.arange(ids.size) // trtllm_block
+                    group = block
+                else:
+                    # One kernel call per step, its passes in recorder order: blocks restart each call.
+                    step = flow.calls[rank][layer]
+                    by_step = np.argsort(step, kind="stable")
+                    ids = passes[by_step].reshape(-1).astype(np.int64)
+                    call = np.repeat(step[by_step], width)
+                    block = (np.arange(ids.size) - np.searchsorted(call, call)) // trtllm_block
+                    group = call * (ids.size // trtllm_block + 1) + block
+                key = group * experts + ids
                 sort = np.argsort(key, kind="stable")
                 first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
                 occurrence = np.empty(ids.size, dtype=np.int64)

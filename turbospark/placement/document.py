@@ -6,7 +6,7 @@ Layout::
     {"inputs": {"capture", "num_layers", "num_experts", "top_k", "gpus", "slots",
                 "nodes", "groups", "fit", "batch", "batches"},
      "physical_to_logical_map": [[S ints] x L], "replica_counts": [[E ints] x L],
-     "dispatch": {"model", "source_ranks", "static", "why"},
+     "dispatch": {"model", "source_ranks", "static", "why", "round_robin"},
      "layers": [{"layer", "fit_passes", "test_passes", "split", "published_max_load",
                  "before": EVAL, "after": EVAL, "imbalance": BY_MODEL, "trivial_imbalance": BY_MODEL}],
      "summary": {"routed_layers", "before": MEANS, "after": MEANS,
@@ -30,7 +30,9 @@ per-source-rank loads are unknown (one capture and no ``--dispatch static``);
 ``dispatch.why`` then says so and how to give them. ``dispatch.model`` is the
 model the placement was optimised for, ``dispatch.static`` how the source
 ranks' loads were obtained (measured or assumed), ``dispatch.source_ranks``
-the number of per-rank captures (1: one capture). ``before`` and ``after``
+the number of per-rank captures (1: one capture), ``dispatch.round_robin``
+how round-robin's kernel calls were taken (a layer's passes as one call,
+or with ``--batch`` one call per serving step). ``before`` and ``after``
 are the even model.
 
 ``inputs.capture`` is the list of files when several per-rank captures were given.
@@ -55,10 +57,11 @@ import numpy as np
 from ..analysis.capture_sequences import Sequences, split_unit
 from ..analysis.capture import Capture
 from . import Placement, place
-from .dispatch import DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, Routing, dispatch_loads, routing
+from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, Routing, dispatch_loads,
+                       round_robin_note, routing)
 from .evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
 from .migrate import align, moved_slots, rebalance
-from .samples import Split, batch_counts, split, window_sequences
+from .samples import Split, batch_counts, serving_steps, split, window_sequences
 
 __all__ = ["build", "summary_lines"]
 
@@ -70,7 +73,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
           seqs: Optional[Sequences] = None, source: Optional[str] = None, dispatch: str = "even",
           flow: Optional[Routing] = None, current: Optional[np.ndarray] = None,
           max_moves: Optional[int] = None, expert_bytes: Optional[int] = None,
-          current_source: Optional[str] = None) -> tuple[dict[str, Any], Placement]:
+          current_source: Optional[str] = None, first_layer: int = 0) -> tuple[dict[str, Any], Placement]:
     """Place ``capture``'s experts and evaluate the result; returns (document, placement).
 
     ``fit`` (0 < F < 1) and ``batch`` (B >= 1) need the trace; ``seqs`` is the
@@ -99,10 +102,10 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
         raise ValueError("--batch needs the capture's trace (record with trace=True): "
                          "counts alone do not say which passes were served together")
     parts = split(capture, fit)
-    flow = _fit_flow(capture, parts) if flow is None else flow
+    flow = _fit_flow(capture, parts, batch, seqs) if flow is None else flow
     assume = dispatch == "static" and not flow.measured
     placement = place(parts.fit, gpus, slots if current is None else current.shape[1], nodes, groups,
-                      dispatch, flow, assume)
+                      dispatch, flow, assume, first_layer)
     if current is not None:
         target = align(placement.phy2log, current, gpus, permute=dispatch == "even")
         moved = rebalance(current, parts.fit, gpus, max_moves, target)
@@ -110,10 +113,11 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
     before = trivial_map(capture.num_layers, capture.num_experts, placement.phy2log.shape[1])
     evals = {"before": _evaluate(capture, parts, before, gpus, batch, seqs),
              "after": _evaluate(capture, parts, placement.phy2log, gpus, batch, seqs)}
-    by_model = {"after": by_dispatch(placement.phy2log, flow, gpus, assume),
-                "before": by_dispatch(before, flow, gpus, assume)}
+    where = {"nodes": nodes, "first_layer": first_layer}
+    by_model = {"after": by_dispatch(placement.phy2log, flow, gpus, assume, **where),
+                "before": by_dispatch(before, flow, gpus, assume, **where)}
     if current is not None:
-        by_model["current"] = by_dispatch(current, flow, gpus, assume)
+        by_model["current"] = by_dispatch(current, flow, gpus, assume, **where)
         moves = moved_slots(placement.phy2log, current)
     published = gpu_loads(placement.greedy, parts.fit.astype(np.float64), gpus).max(axis=1)
     layers = []
@@ -144,7 +148,7 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
         },
         "physical_to_logical_map": placement.phy2log.tolist(),
         "replica_counts": placement.replicas.tolist(),
-        "dispatch": dispatch_inputs(dispatch, flow, gpus, assume),
+        "dispatch": dispatch_inputs(dispatch, flow, gpus, assume, batch_hint=True),
         "layers": layers,
         "summary": {
             "routed_layers": len(routed),
@@ -162,33 +166,44 @@ def build(capture: Capture, *, gpus: int, slots: Optional[int] = None, nodes: in
     return doc, placement
 
 
-def _fit_flow(capture: Capture, parts: Split) -> Routing:
-    """The in-sample routing of one capture: its fit counts and, with a trace, the fit passes."""
+def _fit_flow(capture: Capture, parts: Split, batch: Optional[int] = None,
+              seqs: Optional[Sequences] = None) -> Routing:
+    """The in-sample routing of one capture: its fit counts and, with a trace, the fit passes;
+    with ``batch``, each fit pass's serving step (round-robin runs one kernel call per step)."""
     if capture.trace is None:
         return routing([parts.fit])
-    if parts.fit_masks is None:
-        return routing([parts.fit], [capture.trace])
-    return routing([parts.fit], [[ids[m] for ids, m in zip(capture.trace, parts.fit_masks)]])
+    windows: list[Union[slice, np.ndarray]] = ([slice(None)] * capture.num_layers if parts.fit_masks is None
+                                               else list(parts.fit_masks))
+    trace = [ids[which] for ids, which in zip(capture.trace, windows)]
+    if batch is None:
+        return routing([parts.fit], [trace])
+    steps = [serving_steps(ids.shape[0], batch, window_sequences(seqs, layer, which))
+             for layer, (ids, which) in enumerate(zip(trace, windows))]
+    kind = "concurrent sequences" if seqs is not None else "consecutive passes"
+    return routing([parts.fit], [trace], [steps], f"--batch {batch}, {kind}")
 
 
-def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool) -> list[dict[str, Optional[float]]]:
-    """Per layer, {model: imbalance} under each of ``DISPATCH`` (None: no load, or static unknown)."""
+def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool, *, nodes: int = 1,
+                first_layer: int = 0) -> list[dict[str, Optional[float]]]:
+    """Per layer, {model: imbalance} under each of ``DISPATCH`` (None: no load, or static unknown);
+    ``nodes`` and ``first_layer`` as ``dispatch_loads`` takes them."""
     values = {}
     for model in DISPATCH:
-        loads = dispatch_loads(model, phy2log, flow, gpus, assume_even)
+        loads = dispatch_loads(model, phy2log, flow, gpus, assume_even, nodes=nodes, first_layer=first_layer)
         values[model] = [None] * phy2log.shape[0] if loads is None else [
             None if v != v else v for v in imbalance(loads)[0].tolist()]
     return [{model: values[model][layer] for model in DISPATCH} for layer in range(phy2log.shape[0])]
 
 
-def dispatch_inputs(model: str, flow: Routing, gpus: int, assume_even: bool) -> dict[str, Any]:
-    """The document's ``dispatch`` object: the model, the source ranks and how static loads were known."""
+def dispatch_inputs(model: str, flow: Routing, gpus: int, assume_even: bool, batch_hint: bool = False) -> dict[str, Any]:
+    """The document's ``dispatch`` object: the model, the source ranks, how static loads were known
+    and how round-robin's kernel calls were taken (``batch_hint``: the command takes ``--batch``)."""
     if flow.measured:
         static: Optional[str] = STATIC_MEASURED.format(ranks=flow.counts.shape[0])
     else:
         static = STATIC_ASSUMED.format(gpus=gpus) if assume_even else None
     return {"model": model, "source_ranks": int(flow.counts.shape[0]), "static": static,
-            "why": None if static is not None else STATIC_UNKNOWN}
+            "why": None if static is not None else STATIC_UNKNOWN, "round_robin": round_robin_note(flow, batch_hint)}
 
 
 def model_means(rows: list[dict[str, Any]], key: str) -> dict[str, Optional[float]]:
@@ -281,6 +296,7 @@ def dispatch_lines(dispatch: dict[str, Any], before: dict[str, Optional[float]],
     cells = [f"{model} {_fmt(before[model])} -> {_fmt(after[model])}" for model in DISPATCH]
     lines = [f"  in sample by dispatch model ({label}): " + ", ".join(cells)]
     lines.append(f"  static dispatch: {dispatch['static'] or dispatch['why']}")
+    lines.append(f"  round-robin dispatch: {dispatch['round_robin']}")
     return lines
 
 

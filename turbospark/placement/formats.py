@@ -8,7 +8,9 @@
 * ``trtllm``: the YAML of TensorRT-LLM's offline EP load balancer:
   ``initial_global_assignments`` (every MoE layer, keyed by its decoder-layer
   index D + l, each a flow list of the slots' experts: the build fails with
-  ``KeyError: layer_idx N not found`` on a missing one), ``layer_updates_per_iter: 0``
+  ``KeyError: layer_idx N not found`` on a missing one; a model's MTP (nextn)
+  layers are keyed num_hidden_layers + i, after them, and get the trivial
+  placement when asked for), ``layer_updates_per_iter: 0``
   and ``num_slots``, keys in that (alphabetical, as ``yaml.dump`` sorts) order.
   Written by hand: no YAML dependency.
 * ``json``: turbospark's own document (see ``turbospark.placement.document``).
@@ -41,24 +43,29 @@ def trivial_rows(count: int, phy2log: np.ndarray) -> np.ndarray:
     return np.broadcast_to(np.arange(phy2log.shape[1]) % experts, (count, phy2log.shape[1]))
 
 
-def trtllm_text(phy2log: np.ndarray, first_layer: int = 0) -> str:
-    """TensorRT-LLM's EPLB YAML for an (L, S) map: every layer, MoE layer l keyed ``first_layer + l``."""
+def trtllm_text(phy2log: np.ndarray, first_layer: int = 0, mtp_layers: int = 0) -> str:
+    """TensorRT-LLM's EPLB YAML for an (L, S) map: every layer, MoE layer l keyed ``first_layer + l``,
+    then ``mtp_layers`` trivial rows for the MTP (nextn) layers, which TensorRT-LLM keys
+    num_hidden_layers + i (the build fails with KeyError on a missing one)."""
     lines = ["initial_global_assignments:"]
-    for layer, row in enumerate(phy2log.tolist()):
+    rows = np.concatenate([phy2log, trivial_rows(mtp_layers, phy2log)]) if mtp_layers else phy2log
+    for layer, row in enumerate(rows.tolist()):
         lines.append(f"  {first_layer + layer}: [{', '.join(map(str, row))}]")
-    if not phy2log.shape[0]:
+    if not rows.shape[0]:
         lines[0] += " {}"
     lines += ["layer_updates_per_iter: 0", f"num_slots: {phy2log.shape[1]}"]
     return "\n".join(lines) + "\n"
 
 
-def render(fmt: str, document: dict[str, Any], phy2log: np.ndarray, first_layer: int = 0) -> str:
+def render(fmt: str, document: dict[str, Any], phy2log: np.ndarray, first_layer: int = 0,
+           mtp_layers: int = 0) -> str:
     """The text of a placement in format ``fmt`` (one of ``FORMATS``); ``first_layer``: the decoder-layer
-    index of MoE layer 0 (SGLang's and TensorRT-LLM's files number decoder layers)."""
+    index of MoE layer 0 (SGLang's and TensorRT-LLM's files number decoder layers); ``mtp_layers``:
+    TensorRT-LLM's MTP layers after them."""
     if fmt == "sglang":
         return sglang_text(phy2log, first_layer)
     if fmt == "trtllm":
-        return trtllm_text(phy2log, first_layer)
+        return trtllm_text(phy2log, first_layer, mtp_layers)
     return json.dumps(document) + "\n"
 
 

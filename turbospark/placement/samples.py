@@ -32,7 +32,7 @@ from ..analysis.capture_sequences import Sequences, exact_fraction, fit_split
 from ..analysis.capture_sequences import serving_iterations as _continuous_batches
 from ..analysis.capture import Capture
 
-__all__ = ["Split", "batch_counts", "split"]
+__all__ = ["Split", "batch_counts", "serving_steps", "split"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,15 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
         return np.zeros((0, num_experts), dtype=np.int64)
     flat = (which[:, None] * num_experts + ids).ravel()
     return np.bincount(flat, minlength=whole * num_experts).reshape(whole, num_experts)
+
+
+def serving_steps(passes: int, batch: int, seq: Optional[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """(P,) the serving step of each of a window's passes, the batches of ``batch_counts``; without
+    sequence information B consecutive passes a step, the shorter tail a step of its own (an
+    engine serves it too)."""
+    if seq is None:
+        return np.arange(passes, dtype=np.int64) // batch
+    return _continuous_batches(*seq, batch)
 
 
 def window_sequences(seqs: Optional[Sequences], layer: int,
