@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import signal
 import threading
+
+# The C functions under signal.getsignal/signal.signal, without their enum wrapping (a few us a call).
+from _signal import getsignal as _getsignal, signal as _setsignal
 from typing import Any, Optional
 
 __all__ = ["HELD", "HELD_AWARE", "Held", "Stretch", "held_here", "mark_aware"]
@@ -54,6 +57,7 @@ class Held:
 # The main thread's: only the main thread runs signal handlers, and the held-aware handlers consult this one.
 HELD = Held()
 _MAIN = threading.main_thread()
+_SIGINT = int(signal.SIGINT)
 
 
 def held_here() -> Held:
@@ -72,6 +76,9 @@ def _deferring(previous: Any) -> Any:
         if HELD.depth:
             HELD.pending.append((previous, number, frame))
             return
+        # The stretch is over (its end raced this signal): give the original back first, then let it act.
+        if _getsignal(signal.SIGINT) is on_sigint:
+            _setsignal(signal.SIGINT, previous)
         previous(number, frame)
 
     return mark_aware(on_sigint)
@@ -81,7 +88,11 @@ class Stretch:
     """``with Stretch():`` a stretch no held-aware signal handler cuts; ``interrupts=True``: nor a Ctrl-C.
 
     Not re-entrant as an object (make one per use); nested stretches nest
-    through ``HELD.depth``, and the pending handlers run as the outermost ends.
+    through ``HELD.depth``, and the pending handlers run as the outermost
+    ends. The deferring SIGINT handler is installed before the depth rises
+    and removed after it falls, and removes itself when a signal finds the
+    depth at 0: a Ctrl-C at any instant of ``__enter__`` or ``__exit__``
+    leaves neither a depth nor a handler behind.
     """
 
     __slots__ = ("_held", "_interrupts", "_installed", "_previous")
@@ -93,16 +104,16 @@ class Stretch:
 
     def __enter__(self) -> Held:
         held = self._held = held_here()
-        held.depth += 1
         if self._interrupts and held is HELD:
             try:
-                previous = signal.getsignal(signal.SIGINT)
+                previous = _getsignal(_SIGINT)
                 if callable(previous) and not getattr(previous, HELD_AWARE, False):
                     installed = _deferring(previous)
-                    signal.signal(signal.SIGINT, installed)
+                    _setsignal(_SIGINT, installed)
                     self._previous, self._installed = previous, installed
             except ValueError:  # not the main interpreter: Python runs no handler here anyway
                 pass
+        held.depth += 1
         return held
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -110,7 +121,7 @@ class Stretch:
         held.depth -= 1
         installed, self._installed = self._installed, None
         # Only if nothing replaced it meanwhile (a pending handler runs after this, never before).
-        if installed is not None and signal.getsignal(signal.SIGINT) is installed:
-            signal.signal(signal.SIGINT, self._previous)
+        if installed is not None and _getsignal(_SIGINT) is installed:
+            _setsignal(_SIGINT, self._previous)
         if held.pending and not held.depth:
             held.run_pending()

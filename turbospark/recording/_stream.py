@@ -88,15 +88,19 @@ class StreamWriter:
         self._thread = threading.Thread(target=self._run, name="turbospark-stream", daemon=True)
         self._thread.start()
 
+    # Every stretch that holds the queue's lock on the main thread is a _held.Stretch: a signal
+    # handler's write there would wait for the writer while the writer waits for the lock (a hang),
+    # and a Ctrl-C between taking the lock and the block's cleanup would leave it taken.
+
     def wait_for_room(self) -> None:
         """Wait while PENDING chunks are already queued (the disk is behind); call before a take."""
-        with _held.Stretch(), self._cond:
+        with _held.Stretch(interrupts=True), self._cond:
             while len(self.inbox) >= PENDING and self._thread.is_alive():
                 self._cond.wait()
 
     def notify(self) -> None:
         """Wake the writer after a take appended a chunk to ``inbox``."""
-        with _held.Stretch(), self._cond:
+        with _held.Stretch(interrupts=True), self._cond:
             self._cond.notify_all()
 
     def flush(self) -> Written:
@@ -109,7 +113,7 @@ class StreamWriter:
         the pages it could not write and report the next ``fsync`` clean, so
         no later summary may count the frames written before it.
         """
-        with _held.Stretch(), self._cond:
+        with _held.Stretch(interrupts=True), self._cond:
             self._cond.notify_all()
             while (self.inbox or self._busy) and self._thread.is_alive():
                 self._cond.wait()
@@ -123,11 +127,11 @@ class StreamWriter:
 
     def close(self) -> None:
         """Flush, stop the thread, close the file; idempotent."""
-        with _held.Stretch(), self._cond:
+        with _held.Stretch(interrupts=True), self._cond:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join()
-        with _held.Stretch(), self._cond:
+        with _held.Stretch(interrupts=True), self._cond:
             self._lose_stranded()
             fd, self._fd = self._fd, None
         if fd is not None:

@@ -1,0 +1,314 @@
+"""trace="stream": the hand-over of rows from the core to the writer's queue and the disk is atomic.
+
+Every row is at every instant in the core, in the writer's queue or on disk:
+``_take_chunk(into)`` empties the core and queues the rows in one step, the
+main thread's hand-over is a ``_held.Stretch`` (a held-aware handler and a
+Ctrl-C landing in it run as it ends), and a write waits for every chunk
+queued before its own. Tested by landing a signal (the opt-in SIGTERM
+handler, which writes every capture; a Ctrl-C) and a thread switch (another
+thread writing the capture, or checkpointing) at every bytecode of the
+hand-over's frames, on both cores: the capture loaded at the end is exactly
+the in-memory recorder's, and every summary written meanwhile counts only
+rows on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+import turbospark
+from turbospark.analysis.export_json import write_json
+from turbospark.recording import _held, _lifecycle, _recorder_py, _sigterm, _stream, recorder
+
+#: The frames of the hand-over: where rows are taken, queued, flushed, and the summary written.
+HAND_OVER = {
+    recorder._Facade._spill.__code__,
+    recorder._Facade._hand_over.__code__,
+    recorder._Facade._streamed_document.__code__,
+    recorder._Facade._write_streamed.__code__,
+    recorder._Facade.write.__code__,
+    _stream.StreamWriter.wait_for_room.__code__,
+    _stream.StreamWriter.notify.__code__,
+    _stream.StreamWriter.flush.__code__,
+    _stream.StreamWriter._sync.__code__,
+    _stream.StreamWriter._lose_stranded.__code__,
+    _held.Stretch.__enter__.__code__,
+    _held.Stretch.__exit__.__code__,
+    _recorder_py.RecorderCore._take_chunk.__code__,
+}
+
+#: The frames with a loop that waits for the writer thread: how often it turns is the writer's doing.
+WAITS = {_stream.StreamWriter.wait_for_room.__code__, _stream.StreamWriter.flush.__code__}
+
+LAYERS, EXPERTS, K = 2, 8, 2
+
+
+def _before(hist: Any) -> None:
+    """10 ids in the core (chunks of 12 ids: the next call spills), tags and predictions among them."""
+    hist.record(0, [1, 2])
+    hist.record_batch(1, [[3, 4], [5, 6]], seq=[7, 8], phase="decode")
+    hist.record_prediction(1, [0, 7])
+    hist.record(1, [2, 3])
+
+
+def _spill(hist: Any) -> None:
+    hist.record_many(0, [[4, 5], [6, 7]])  # 14 untaken ids: the call ends in a hand-over
+
+
+def _write(hist: Any) -> None:
+    hist.write()
+
+
+def _after(hist: Any) -> None:
+    hist.record(1, [0, 1])
+    hist.record_batch(0, [[2, 3]], seq=[9], phase="prompt")
+
+
+def _exported(capture: Any) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    write_json(capture, out)
+    return out.getvalue()
+
+
+class _Snapshots:
+    """Copies of the capture on disk, taken right after a write made meanwhile (a handler's, a thread's)."""
+
+    def __init__(self, path: Path, directory: Path) -> None:
+        self.path = path
+        self.directory = directory
+        self.taken: list[Path] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            target = self.directory / f"snap{len(self.taken)}"
+            target.mkdir(parents=True)
+            document = self.path.read_bytes()
+            size = json.loads(document)["stream"]["bytes"]
+            (target / self.path.name).write_bytes(document)
+            with open(str(self.path) + ".trace", "rb") as sidecar:
+                (target / (self.path.name + ".trace")).write_bytes(sidecar.read(size))
+            self.taken.append(target / self.path.name)
+
+
+def _landing(target: Any, event: Callable[[], None], skip: Any = None) -> Callable[[Any, str, Any], Any]:
+    """A trace function that runs ``event`` before the first run of the bytecode ``target`` in the hand-over.
+
+    A bytecode is told apart by where it is and where its frame was called
+    from: every instruction of every call site (a loop's second turn, or a
+    helper's second call from the same place, is the same one). Frames
+    called (at any depth) from a ``skip`` frame are not the hand-over's.
+    ``tracer.seen``: the bytecodes run, in order; ``tracer.fired``: whether
+    ``target`` ran.
+    """
+    seen: dict[tuple[Any, ...], None] = {}
+
+    def tracer(frame: Any, kind: str, arg: Any) -> Any:
+        if frame.f_code not in HAND_OVER:
+            return None
+        if skip is not None:
+            outer = frame
+            while outer is not None:
+                if outer.f_code is skip:
+                    return None
+                outer = outer.f_back
+        frame.f_trace_opcodes = True
+        if kind == "opcode":
+            caller = frame.f_back
+            key = (frame.f_code, frame.f_lasti, caller.f_code, caller.f_lasti)
+            if key not in seen:
+                seen[key] = None
+                if key == target:
+                    tracer.fired = True  # type: ignore[attr-defined]
+                    event()
+        return tracer
+
+    tracer.fired = False  # type: ignore[attr-defined]
+    tracer.seen = lambda: list(seen)  # type: ignore[attr-defined]
+    return tracer
+
+
+@pytest.fixture
+def sigterm_writes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Callable[[], None]]]:
+    """The opt-in SIGTERM handler, installed in front of a handler that lets the process go on.
+
+    Yields a list: each callable put in it runs in that later handler, after the capture was written.
+    """
+    after: list[Callable[[], None]] = []
+    original = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(_sigterm, "_installed", False)
+    monkeypatch.setattr(_sigterm, "_previous", None)
+    monkeypatch.setattr(_sigterm, "_handler", None)
+    signal.signal(signal.SIGTERM, lambda number, frame: [run() for run in after])
+    _sigterm.install(_lifecycle.finish_all)
+    try:
+        yield after
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
+@pytest.fixture
+def quick_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fsync: the matrix runs thousands of hand-overs, and durability is not what it checks."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+def _check_snapshots(snapshots: _Snapshots, twin: Any, where: str) -> None:
+    """Each summary written meanwhile counts only rows on disk, and those rows are the twin's."""
+    expected = [twin.trace(layer).tolist() for layer in range(LAYERS)] if snapshots.taken else []
+    for snapshot in snapshots.taken:
+        summary = json.loads(snapshot.read_text())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # rows of later takes on disk are recovered, with a warning
+            capture = turbospark.load(snapshot, verify=True)
+        info = capture.stream
+        assert info.missing_passes.tolist() == [0] * LAYERS, f"{where}: {snapshot} counts rows not on disk"
+        assert info.stranded_frames == 0 and info.dropped_bytes == 0, where
+        for layer in range(LAYERS):
+            rows = capture.trace[layer].tolist()
+            assert len(rows) >= summary["stream"]["passes"][layer], where
+            assert rows == expected[layer][:len(rows)], f"{where}: layer {layer} of {snapshot}"
+
+
+#: Rounds per recorder: its sidecar, loaded after each summary written, stays small.
+BATCH = 40
+
+
+@pytest.mark.parametrize("call", [_spill, _write], ids=["spill", "write"])
+@pytest.mark.parametrize("kind", ["sigterm", "ctrl-c", "thread"])
+def test_a_signal_or_a_thread_at_every_bytecode_of_the_hand_over_loses_and_miscounts_nothing(
+        tmp_path: Path, cores: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, quick_disk: None,
+        sigterm_writes: list[Callable[[], None]], call: Callable[[Any], None], kind: str) -> None:
+    monkeypatch.setattr(_stream, "CHUNK_IDS", 12)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    for cls in cores:
+        name = cls.__mro__[2].__module__
+        points = _Rounds(cls, tmp_path / name / "count", call, kind, sigterm_writes).points()
+        assert len(points) > 100
+        for start in range(0, len(points), BATCH):
+            rounds = _Rounds(cls, tmp_path / name / str(start), call, kind, sigterm_writes)
+            try:
+                for point in range(start, min(start + BATCH, len(points))):
+                    rounds.land(points[point], f"{kind} before bytecode {point + 1} of {len(points)} ({name})")
+                rounds.check_capture()
+            finally:
+                rounds.discard()
+
+
+class _Rounds:
+    """One streamed recorder and its in-memory twin, recorded in rounds: a few calls, the call whose
+    hand-over an event lands in (``hist`` only), a few more calls; then a hand-over, so each round
+    starts with an empty core."""
+
+    def __init__(self, cls: Any, directory: Path, call: Callable[[Any], None], kind: str,
+                 sigterm_writes: list[Callable[[], None]]) -> None:
+        directory.mkdir(parents=True)
+        self.directory = directory
+        self.path = directory / "c.json"
+        self.call = call
+        self.kind = kind
+        self.sigterm_writes = sigterm_writes
+        self.hist = cls(str(self.path), LAYERS, EXPERTS, K, trace="stream", pilot="next")
+        self.twin = cls(os.devnull, LAYERS, EXPERTS, K, trace=True, pilot="next")
+        _lifecycle.settle(self.twin)  # a SIGTERM's write of every capture need not write this one
+        # write() hands over as a spill does (_hand_over): the spill's matrix lands there.
+        self.skip = recorder._Facade._hand_over.__code__ if call is _write else None
+        self.threads: list[threading.Thread] = []
+        self.rounds = 0
+        self.one(None)  # the first take finds no tagged rows yet; the rounds after it all run alike
+
+    def points(self) -> list[Any]:
+        """The bytecodes of one round's hand-over, in order."""
+        points = self.one(None)[0].seen()
+        self.discard()
+        return points
+
+    def discard(self) -> None:
+        self.twin.discard()
+        self.hist.discard()
+
+    def _event(self, snapshots: _Snapshots) -> Callable[[], None]:
+        if self.kind == "ctrl-c":
+            return lambda: signal.raise_signal(signal.SIGINT)  # Python's own handler: KeyboardInterrupt
+        if self.kind == "sigterm":
+            self.sigterm_writes[:] = [snapshots.take]  # after the handler wrote every capture
+            return lambda: signal.raise_signal(signal.SIGTERM)
+        hist, checkpoint = self.hist, self.rounds % 2
+
+        def work() -> None:
+            (hist._write_checkpoint if checkpoint else hist.write)()
+            snapshots.take()
+
+        def other_thread() -> None:
+            thread = threading.Thread(target=work)
+            self.threads.append(thread)
+            thread.start()
+            thread.join(0.002)  # done, or blocked on a lock this thread holds: carry on
+
+        return other_thread
+
+    def one(self, target: Any) -> tuple[Any, _Snapshots]:
+        self.rounds += 1
+        # Each round starts with the writer idle, so its hand-over runs the same bytecodes as the last.
+        stream = self.hist._stream
+        with stream._cond:
+            while stream.inbox or stream._busy:
+                stream._cond.wait(0.01)
+        snapshots = _Snapshots(self.path, self.directory / f"round{self.rounds}")
+        self.threads.clear()
+        hist, twin = self.hist, self.twin
+        _before(hist)
+        _before(twin)
+        tracer = _landing(target, self._event(snapshots) if target is not None else (lambda: None), self.skip)
+        sys.settrace(tracer)
+        try:
+            self.call(hist)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        if self.call is _spill:
+            _spill(twin)
+        _after(hist)
+        _after(twin)
+        hist._hand_over()
+        for thread in self.threads:
+            thread.join(10)
+            assert not thread.is_alive(), f"{self.kind} before {target}: deadlock"
+        return tracer, snapshots
+
+    def land(self, target: Any, where: str) -> None:
+        """A round with the event before ``target``: every summary it made counts only rows on disk."""
+        # The writer thread's progress may steer a flush past a bytecode another round took: again.
+        for _ in range(5):
+            tracer, snapshots = self.one(target)
+            if self.kind != "ctrl-c":
+                # Every event wrote a summary (a handler's, a thread's).
+                assert bool(snapshots.taken) == tracer.fired, where
+                _check_snapshots(snapshots, self.twin, where)
+            if tracer.fired:
+                return
+        # Only where the writer thread's progress picks the path (a wait loop's second turn).
+        assert target[0] in WAITS, f"{where}: never reached in 5 rounds"
+
+    def check_capture(self) -> None:
+        """Closed: the capture is exactly the twin's, nothing recovered, nothing missing, no gap."""
+        self.hist.close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            capture = turbospark.load(self.path, verify=True)
+        assert [len(capture.trace[layer]) for layer in range(LAYERS)] == self.twin.passes.tolist()
+        assert _exported(capture) == self.twin.to_json().encode("ascii"), self.directory
