@@ -402,3 +402,113 @@ def test_a_handler_writing_the_stream_mid_call_loses_nothing_on_either_core(
         finally:
             twin.discard()
             hist.discard()
+
+
+# --- the writer: durability and the queue's lock -------------------------------------------
+
+
+def _is_sidecar(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(str(path) + ".trace").st_ino
+    except OSError:
+        return False
+
+
+def test_after_a_failed_fsync_no_summary_counts_the_frames_before_it(
+        tmp_path: Path, cls: Any, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    # Regression: after an EIO the kernel may drop the pages it could not write and report the
+    # next fsync clean; the next checkpoint then wrote a summary counting frames never on disk.
+    path = tmp_path / "c.json"
+    hist = cls(str(path), 1, 8, 2, trace="stream")
+    hist.record(0, [1, 2])
+    hist.write()
+    first = path.read_bytes()
+    real = os.fsync
+    failures = []
+
+    def fsync(fd: int) -> None:
+        if _is_sidecar(fd, path) and not failures:
+            failures.append(fd)
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    hist.record(0, [3, 4])
+    with pytest.raises(OSError, match=r"^\[Errno 5\] Input/output error$"):
+        hist.write()
+    hist.record(0, [5, 6])
+    message = ("an earlier fsync of the trace failed (Input/output error (os error 5)): frames written before it "
+               "may not be on disk")
+    with pytest.raises(OSError) as raised:
+        hist.write()
+    assert (raised.value.errno, raised.value.strerror, raised.value.filename) == (5, message, str(path) + ".trace")
+    with pytest.raises(OSError, match=r"an earlier fsync of the trace failed"):
+        hist._write_checkpoint()  # the checkpoint thread's call: it reports what it raises
+    hist.close()
+    assert path.read_bytes() == first  # the last summary whose frames were made durable
+    assert capfd.readouterr().err.splitlines()[-2:] == [f"[router-hist] FAILED writing {path}: {message} (os error 5)",
+                                                       f"[router-hist] FAILED closing {path}.trace: {message} (os error 5)"]
+
+
+def test_the_sidecars_name_and_the_summarys_rename_are_made_durable(
+        tmp_path: Path, cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: neither the directory entry of a new sidecar nor the rename of the JSON was
+    # flushed, so a crash could keep a JSON naming a sidecar whose entry was lost, or undo the rename.
+    events: list[tuple[str, Any]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        status = os.fstat(fd)
+        if os.path.samestat(status, os.stat(tmp_path)):
+            events.append(("fsync", "directory"))
+        elif _is_sidecar(fd, tmp_path / "c.json"):
+            events.append(("fsync", "sidecar"))
+        else:
+            events.append(("fsync", "file"))
+        real_fsync(fd)
+
+    def replace(source: Any, target: Any) -> None:
+        real_replace(source, target)
+        events.append(("replace", os.path.basename(target)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    hist = cls(str(tmp_path / "c.json"), 1, 8, 2, trace="stream")
+    assert events == [("fsync", "directory")]  # the sidecar's entry, at once
+    del events[:]
+    hist.record(0, [1, 2])
+    hist.close()
+    assert events == [("fsync", "sidecar"), ("fsync", "file"), ("replace", "c.json"), ("fsync", "directory"),
+                      ("fsync", "sidecar")]
+
+
+def test_a_flush_does_not_hold_the_queue_while_it_waits_for_the_disk(
+        tmp_path: Path, cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: StreamWriter.flush held the queue's lock across os.fsync, so every recording
+    # thread that handed over a chunk waited for each checkpoint's fsync.
+    monkeypatch.setattr(_stream, "CHUNK_IDS", 4)
+    path = tmp_path / "c.json"
+    hist = cls(str(path), 1, 8, 2, trace="stream")
+    real = os.fsync
+    inside, release = threading.Event(), threading.Event()
+
+    def fsync(fd: int) -> None:
+        if _is_sidecar(fd, path) and threading.current_thread().name == "checkpoint":
+            inside.set()
+            release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    checkpoint = threading.Thread(target=hist.write, name="checkpoint")
+    checkpoint.start()
+    assert inside.wait(10)
+    recording = threading.Thread(target=lambda: [hist.record(0, [step % 8, (step + 1) % 8]) for step in range(8)])
+    recording.start()
+    recording.join(2)
+    handed_over = not recording.is_alive()  # 8 hand-overs of 2 passes, while the fsync waits
+    release.set()
+    recording.join(10)
+    checkpoint.join(10)
+    assert handed_over
+    hist.close()
+    assert turbospark.load(path).trace[0].tolist() == [[step % 8, (step + 1) % 8] for step in range(8)]

@@ -74,7 +74,9 @@ class RecorderCore:
     """Counts, trace and predictions of one capture; see ``RouterHistogram``.
 
     A call validates and prepares everything first, then commits with a single
-    assignment of ``self._state``. Ids go to the append-only trace and
+    assignment of ``self._state`` (rebuilt first if code it ran, a signal
+    handler recording or taking rows on this thread, moved the state since
+    it was read: ``_commit``). Ids go to the append-only trace and
     prediction arrays beyond their committed lengths before that, so a signal
     handler or KeyboardInterrupt arriving anywhere in a call sees either the
     whole pass or none of it, as the compiled core guarantees by running no

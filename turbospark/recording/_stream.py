@@ -8,12 +8,17 @@ out of the core and queues them; narrowing to the file's id width, the
 checksums and the system calls run on the writer thread (numpy's cast,
 ``zlib.crc32`` and ``os.pwrite`` release the GIL for large buffers).
 
+The core's take appends to ``inbox`` in the step that empties the core
+(``_take_chunk(into)``), so the queue is in take order and a write that
+waits for it to drain has every row taken before its own on disk. On the
+main thread every stretch holding the queue's lock is a ``_held.Stretch``: a
+signal handler's write there could wait for the writer thread while it waits
+for the lock. No ``fsync`` runs under the lock.
+
 A chunk is written with one ``pwrite`` at the end of the last whole chunk. A
 failed write (disk full) is cut back off the file, reported once per message
 on stderr, and its rows are counted as lost per layer: the summary says how
 many (``"lost_passes"``), and the frames' ``first`` indices show the gap.
-Each frame says where its rows go (``first``), so chunks that two threads
-take close together may reach the file in either order.
 """
 
 from __future__ import annotations
