@@ -512,3 +512,42 @@ def test_a_flush_does_not_hold_the_queue_while_it_waits_for_the_disk(
     assert handed_over
     hist.close()
     assert turbospark.load(path).trace[0].tolist() == [[step % 8, (step + 1) % 8] for step in range(8)]
+
+
+def test_a_sigterm_inside_a_call_with_a_checkpoint_waiting_on_it_writes_and_dies(tmp_path: Path) -> None:
+    # Regression (pure core): a checkpoint held the write lock while its take waited for the core's
+    # lock, held by the main thread's call that the SIGTERM interrupted; the handler's write waited
+    # for the write lock: the process hung. A stream's summary is now built outside the write lock.
+    from childproc import run_with_files
+
+    result, (path,) = run_with_files(
+        tmp_path,
+        """
+        import threading
+        from turbospark.recording import _recorder_py
+        from turbospark.recording.recorder import recorder_class
+
+        hist = recorder_class(_recorder_py.RecorderCore)(path, 1, 8, 2, trace="stream")
+        hist.record(0, [1, 2])
+
+
+        class Late:
+            def __index__(self):
+                threading.Thread(target=hist._write_checkpoint, daemon=True).start()
+                time.sleep(0.3)  # the checkpoint now waits for the core's lock, which this call holds
+                os.kill(os.getpid(), signal.SIGTERM)
+                return 3
+
+
+        hist.record(0, [Late(), 4])
+        print("survived SIGTERM", file=sys.stderr)
+        """,
+        {"path": "c.json"},
+        env={"TURBOSPARK_ROUTER_HIST_SIGTERM": "1"},
+        timeout=20,
+    )
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stderr == f"[router-hist] wrote {path}\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert turbospark.load(path, verify=True).trace[0].tolist() == [[1, 2]]

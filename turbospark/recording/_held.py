@@ -29,7 +29,7 @@ import signal
 import threading
 
 # The C functions under signal.getsignal/signal.signal, without their enum wrapping (a few us a call).
-from _signal import getsignal as _getsignal, signal as _setsignal
+from _signal import getsignal as _getsignal, signal as _setsignal  # type: ignore[import-not-found]
 from typing import Any, Optional
 
 __all__ = ["HELD", "HELD_AWARE", "Held", "Stretch", "held_here", "mark_aware"]
