@@ -209,6 +209,9 @@ class _Facade(_CoreBase):
         self._write_lock = threading.RLock()
         # trace="stream": the serial (_take_chunk's) of the summary last written, so an older one never replaces it.
         self._written_serial = 0
+        # The serial of the summary this thread's last _streamed_document built (read back by _write_streamed,
+        # since _document, which subclasses extend, returns the bytes only).
+        self._serial_here = threading.local()
         self._checkpointer: Optional[_checkpoint.Checkpointer] = None
         _lifecycle.register(self)
         if seconds is not None:
@@ -402,6 +405,7 @@ class _Facade(_CoreBase):
             stream += f',"predictions":{_ints(predictions)}'
         if any(written.lost_passes) or any(written.lost_predictions):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
+        self._serial_here.value = serial
         return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}", serial
 
     def _write_streamed(self, *, checkpoint: bool = False) -> None:
@@ -413,7 +417,10 @@ class _Facade(_CoreBase):
         only when no later take's summary is on disk already (a checkpoint
         also skips once the recorder closed: the final write is the last word).
         """
-        document, serial = self._streamed_document()
+        document = self._document()
+        # A handler's write between the two lines can only make this larger, and equal to a summary
+        # it wrote: then this older one is skipped, as it should be.
+        serial = self._serial_here.value
         with self._write_lock:
             if serial > self._written_serial and not (checkpoint and self.closed):
                 write_atomic(self._path, document)
@@ -473,7 +480,6 @@ class _Facade(_CoreBase):
             raise ValueError(f"a streamed capture is written to its own path {self._path!r}, beside its trace "
                              f"{self._stream.path!r}, not to {target!r}")  # type: ignore[union-attr]
         if self._stream is not None:
-            self._drain()
             self._write_streamed()
             return
         with self._write_lock:
