@@ -39,6 +39,8 @@ cdef class RecorderCore:
     cdef uint64_t* _pred_taken
     cdef uint64_t _unspilled
     cdef uint64_t _spill_at
+    # Takes made so far (_take_chunk's serial: a later take's summary is told apart).
+    cdef uint64_t _takes
 
     def __cinit__(self, *args, **kwargs):
         self._counts = NULL
@@ -245,8 +247,12 @@ cdef class RecorderCore:
             raise ValueError("a streamed trace needs the trace on and no trace_cap")
         self._spill_at = <uint64_t>max(int(ids), 1)
 
-    def _take_chunk(self):
-        """Take every committed row out of the buffers, with the summary they complete; see the pure core."""
+    def _take_chunk(self, list into=None):
+        """Take every committed row out of the buffers, with the summary they complete; see the pure core.
+
+        ``into`` gets ``(width, rows)`` appended in the same step that empties
+        the buffers: no Python code runs between the reset and the append.
+        """
         cdef Py_ssize_t layer, n = self._num_layers
         cdef size_t i, passes, tagged
         cdef TagBuf* t
@@ -284,6 +290,9 @@ cdef class RecorderCore:
                     phase[i] = DEFAULT_PHASE
                 parts[6 * layer + 3] = seq_bytes
                 parts[6 * layer + 4] = phase_bytes
+        rows = [tuple(parts[6 * layer:6 * layer + 6]) for layer in range(n)]
+        chunk = (width, rows)
+        taken = (head, width, rows, logits, self._takes + 1)
         for layer in range(n):
             if self._trace != NULL:
                 self._trace[layer].len = 0
@@ -295,8 +304,10 @@ cdef class RecorderCore:
                 self._tags[layer].len = 0
             self._taken[layer] = self._passes[layer]
         self._unspilled = 0
-        rows = [tuple(parts[6 * layer:6 * layer + 6]) for layer in range(n)]
-        return head, width, rows, logits
+        self._takes += 1
+        if into is not None:
+            into.append(chunk)  # PyList_Append: runs no Python code
+        return taken
 
     def _add_counts(self, counts, passes, Py_ssize_t top_k):
         """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.

@@ -2,13 +2,15 @@
 
 The bytes go to a temporary file in the destination's own directory (so the
 final ``os.replace`` is a same-filesystem rename), are flushed to disk, and
-only then replace the destination. On any failure the temporary file is
+only then replace the destination; the directory is then flushed too, so the
+rename itself survives a power loss. On any failure the temporary file is
 removed and an earlier file at the path is left untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -106,6 +108,7 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
             os.fsync(handle.fileno())
         os.chmod(temporary, _final_mode(target))
         os.replace(temporary, target)
+        fsync_directory(directory)
     except BaseException as exc:
         try:
             os.unlink(temporary)
@@ -117,6 +120,25 @@ def atomic_output(path: str) -> Iterator[IO[bytes]]:
     finally:
         with _temporaries_lock:
             _temporaries.discard(temporary)
+
+
+def fsync_directory(directory: str) -> None:
+    """Make ``directory``'s entries durable (a file created or renamed in it); raise OSError.
+
+    Without it a crash can undo a rename whose file is already on disk, or
+    lose a new file's name. File systems that cannot sync a directory
+    (``EINVAL``) and systems that cannot open one (Windows) are skipped.
+    """
+    if os.name == "nt":
+        return
+    fd = os.open(directory or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def _naming(error: OSError, path: str) -> OSError:

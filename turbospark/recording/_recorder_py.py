@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, SupportsIndex
 import numpy as np
 
 from . import _convert, _counts, _errors, _sequences
-from ._types import LogitRow, RowMask, SelectedBlock, SelectedIds, TakenRows
+from ._types import Inbox, LogitRow, RowMask, SelectedBlock, SelectedIds, Taken, TakenRows
 
 
 def _selection(selected: Any, expected: int, num_experts: int) -> array[int]:
@@ -74,7 +74,9 @@ class RecorderCore:
     """Counts, trace and predictions of one capture; see ``RouterHistogram``.
 
     A call validates and prepares everything first, then commits with a single
-    assignment of ``self._state``. Ids go to the append-only trace and
+    assignment of ``self._state`` (rebuilt first if code it ran, a signal
+    handler recording or taking rows on this thread, moved the state since
+    it was read: ``_commit``). Ids go to the append-only trace and
     prediction arrays beyond their committed lengths before that, so a signal
     handler or KeyboardInterrupt arriving anywhere in a call sees either the
     whole pass or none of it, as the compiled core guarantees by running no
@@ -119,6 +121,7 @@ class RecorderCore:
         # facade to take them (never, until _stream_every).
         self._unspilled = 0
         self._spill_at: float = float("inf")
+        self._takes = 0
 
     def _after_fork_in_child(self) -> None:
         # A lock another thread held at fork() time stays held in the child.
@@ -175,48 +178,67 @@ class RecorderCore:
         return state
 
     def _commit(self, state: _State, index: int, layer: _Layer, top_k: int, pred_k: int,
-                tagged: bool = False) -> None:
-        layers = state.layers
-        self._state = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :], state.tagged or tagged)
+                tagged: bool = False) -> bool:
+        """Swap in ``state`` with ``layer`` at ``index``, unless another commit (or a take) came first.
 
-    def _add_selection(self, state: _State, index: int, ids: array[int], rows: int, counts: tuple[int, ...],
+        False when ``self._state`` is no longer ``state``: code that ran
+        since it was read (a signal handler recording or writing the capture
+        on this thread) changed it, and the caller builds again on the state
+        as it is now, as the compiled core, which runs no Python code between
+        its read and its commit, always does. Between the check and the swap
+        nothing is called, so nothing can run there.
+        """
+        layers = state.layers
+        new = _State(top_k, pred_k, layers[:index] + (layer,) + layers[index + 1 :], state.tagged or tagged)
+        if self._state is not state:
+            return False
+        self._state = new
+        return True
+
+    def _add_selection(self, index: int, ids: array[int], rows: int, added: Optional[list[int]],
                        tags: Optional[tuple[np.ndarray, int]] = None) -> None:
-        """Append ``rows`` validated passes of ``ids`` (already counted into ``counts``), with their
-        (sequence ids, phase) ``tags`` when given, and commit them all at once."""
-        layer = state.layers[index]
-        # Under a cap only the rows before it are kept (the first N passes of the layer).
-        first = self._kept(layer.passes)
-        keep = self._kept(layer.passes + rows) - first
-        self._unspilled += rows * (len(ids) // rows)
+        """Append ``rows`` validated passes of ``ids`` (``added``: per expert, how many of them; None:
+        count them here), with their (sequence ids, phase) ``tags`` when given, and commit them all at once."""
         width = len(ids) // rows
-        trace_len = layer.trace_len
-        if self._trace is not None:
-            _append(self._trace[index], trace_len, ids[: keep * width])
-            trace_len += keep * width
-        tag_len = layer.tag_len
-        if tags is not None:
-            # Untagged passes before these read as the defaults; then this block's tags.
-            seq, phase = self._seq[index], self._phase[index]
-            # Tag positions count from the passes already taken out (trace="stream").
-            first -= layer.taken
-            pad = first - tag_len
-            _append(seq, tag_len, array("q", [_sequences.DEFAULT_SEQ] * pad))
-            seq.frombytes(tags[0][:keep].astype(np.int64, copy=False).tobytes())
-            _append(phase, tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * keep))
-            tag_len = first + keep
-        top_k = state.top_k or width
-        self._commit(state, index, layer._replace(counts=counts, trace_len=trace_len, passes=layer.passes + rows,
-                                                  tag_len=tag_len), top_k, state.pred_k, tags is not None)
+        while True:
+            state = self._recheck(width)
+            layer = state.layers[index]
+            if added is None:
+                counts = list(layer.counts)
+                for expert in ids:
+                    counts[expert] += 1
+            else:
+                counts = [old + new for old, new in zip(layer.counts, added)]
+            # Under a cap only the rows before it are kept (the first N passes of the layer).
+            first = self._kept(layer.passes)
+            keep = self._kept(layer.passes + rows) - first
+            trace_len = layer.trace_len
+            if self._trace is not None:
+                _append(self._trace[index], trace_len, ids[: keep * width])
+                trace_len += keep * width
+            tag_len = layer.tag_len
+            if tags is not None:
+                # Untagged passes before these read as the defaults; then this block's tags.
+                seq, phase = self._seq[index], self._phase[index]
+                # Tag positions count from the passes already taken out (trace="stream").
+                first -= layer.taken
+                pad = first - tag_len
+                _append(seq, tag_len, array("q", [_sequences.DEFAULT_SEQ] * pad))
+                seq.frombytes(tags[0][:keep].astype(np.int64, copy=False).tobytes())
+                _append(phase, tag_len, array("B", [_sequences.DEFAULT_PHASE] * pad + [tags[1]] * keep))
+                tag_len = first + keep
+            top_k = state.top_k or width
+            if self._commit(state, index, layer._replace(counts=tuple(counts), trace_len=trace_len,
+                                                         passes=layer.passes + rows, tag_len=tag_len),
+                            top_k, state.pred_k, tags is not None):
+                break
+        self._unspilled += rows * width
 
     def record(self, layer: SupportsIndex, selected: SelectedIds) -> None:
         with self._lock:
             index, state = self._begin(layer)
             ids = _selection(selected, state.top_k or state.pred_k, self._num_experts)
-            state = self._recheck(len(ids))
-            counts = list(state.layers[index].counts)
-            for expert in ids:
-                counts[expert] += 1
-            self._add_selection(state, index, ids, 1, tuple(counts))
+            self._add_selection(index, ids, 1, None)
         if self._unspilled >= self._spill_at:
             self._spill()
 
@@ -231,8 +253,8 @@ class RecorderCore:
 
     def record_many(self, layer: SupportsIndex, selected: SelectedBlock, mask: Optional[RowMask] = None) -> None:
         with self._lock:
-            index, state, ids = self._block(layer, selected, mask)
-            self._add_block(state, index, ids, None)
+            index, _, ids = self._block(layer, selected, mask)
+            self._add_block(index, ids, None)
         if self._unspilled >= self._spill_at:
             self._spill()
 
@@ -263,18 +285,17 @@ class RecorderCore:
             block = _sequences.block_copy(ids_2d)
             keep = _sequences.mask_copy(mask, block.shape[0])
             seq_ids = _sequences.seq_copy(seq, block.shape[0], keep)
-            index, state, ids = self._block(index, block, keep)
-            self._add_block(state, index, ids, (seq_ids, code))
+            index, _, ids = self._block(index, block, keep)
+            self._add_block(index, ids, (seq_ids, code))
         if self._unspilled >= self._spill_at:
             self._spill()
 
-    def _add_block(self, state: _State, index: int, ids: np.ndarray, tags: Optional[tuple[np.ndarray, int]]) -> None:
+    def _add_block(self, index: int, ids: np.ndarray, tags: Optional[tuple[np.ndarray, int]]) -> None:
         rows = ids.shape[0]
         if rows == 0:
             return
         added = np.bincount(ids.ravel(), minlength=self._num_experts).tolist()
-        counts = tuple(old + new for old, new in zip(state.layers[index].counts, added))
-        self._add_selection(state, index, array("I", ids.tobytes()), rows, counts, tags)
+        self._add_selection(index, array("I", ids.tobytes()), rows, added, tags)
 
     def record_prediction(self, layer: SupportsIndex, predicted: SelectedIds) -> None:
         with self._lock:
@@ -298,18 +319,21 @@ class RecorderCore:
     def _add_predictions(self, index: int, ids: array[int], width: int = 0) -> None:
         """Append validated predictions (rows of ``width`` ids; one row when 0) and commit."""
         width = width or len(ids)
-        state = self._recheck(width)
-        expected = state.top_k or state.pred_k
-        if self._pred is None:
-            return
-        current = state.layers[index]
-        # Under a cap a layer keeps its first N predictions, aligned with the first N passes.
-        first = current.pred_len // width
-        keep = self._kept(first + len(ids) // width) - first
-        _append(self._pred[index], current.pred_len, ids[: keep * width])
+        while True:
+            state = self._recheck(width)
+            expected = state.top_k or state.pred_k
+            if self._pred is None:
+                return
+            current = state.layers[index]
+            # Under a cap a layer keeps its first N predictions, aligned with the first N passes.
+            first = current.pred_len // width
+            keep = self._kept(first + len(ids) // width) - first
+            _append(self._pred[index], current.pred_len, ids[: keep * width])
+            pred_k = width if expected == 0 else state.pred_k
+            if self._commit(state, index, current._replace(pred_len=current.pred_len + keep * width), state.top_k,
+                            pred_k):
+                break
         self._unspilled += len(ids)
-        pred_k = width if expected == 0 else state.pred_k
-        self._commit(state, index, current._replace(pred_len=current.pred_len + keep * width), state.top_k, pred_k)
 
     def record_router_logits(self, layer: SupportsIndex, logits: LogitRow) -> None:
         if self._logits_layer < 0:
@@ -408,47 +432,68 @@ class RecorderCore:
             raise ValueError("a streamed trace needs the trace on and no trace_cap")
         self._spill_at = max(int(ids), 1)
 
-    def _take_chunk(self) -> tuple[bytes, int, list[TakenRows], Optional[tuple[int, int, Optional[array[float]]]]]:
+    def _take_chunk(self, into: Optional[Inbox] = None) -> Taken:
         """Take every committed row out of the buffers, with the summary they complete.
 
-        Returns ``(head, width, rows, logits)``: the summary document's start
+        Returns ``(head, width, rows, logits, serial)``: the summary document's start
         (sizes and counts, ``_json_document(b"", summary=True)``), the row
         width (top_k, or the predictions' width before it is known), per layer
         ``(passes taken before, trace ids, predictions, seq, phase)`` as raw
         native-order bytes (uint32 ids, int64 sequence ids, uint8 phases; the
         tags padded with the defaults for untagged passes, None before any
-        tagged pass), predictions taken before), and the router-logit capture,
-        all of one instant. The buffers are emptied; counts, passes and the
-        learned sizes stay. The indices say where each layer's rows go, so
-        chunks may reach the file in any order.
+        tagged pass), predictions taken before), the router-logit capture,
+        all of one instant, and how many takes this core has made (this one
+        included). The counts, passes and learned sizes stay.
+
+        ``into`` (the stream's queue) gets ``(width, rows)`` appended in the
+        same step that empties the core, so every row is at every instant in
+        the core or in the queue, never in neither: no other thread, signal
+        handler or Ctrl-C sees it in between. Here the step is the state's
+        swap and the append, with no call between them (so no signal handler
+        and no other thread can run there); a call that committed meanwhile
+        (a handler recording mid-take) makes it start over from the state
+        as it is then.
         """
         with self._lock:
-            state = self._state
-            head = self._json_document(b"", summary=True)
-            width = state.top_k or state.pred_k
-            rows: list[TakenRows] = []
-            layers = []
-            for index, layer in enumerate(state.layers):
-                passes = layer.passes - layer.taken
-                trace = pred = seq = phase = None
-                if self._trace is not None:
-                    trace = self._trace[index][: layer.trace_len].tobytes()
-                    del self._trace[index][:]
-                if self._pred is not None:
-                    pred = self._pred[index][: layer.pred_len].tobytes()
-                    del self._pred[index][:]
-                if state.tagged:
-                    seq = array("q", _padded(self._seq[index], layer.tag_len, passes, _sequences.DEFAULT_SEQ)).tobytes()
-                    phase = bytes(_padded(self._phase[index], layer.tag_len, passes, _sequences.DEFAULT_PHASE))
-                del self._seq[index][:]
-                del self._phase[index][:]
-                rows.append((layer.taken, trace, pred, seq, phase, layer.pred_taken))
-                more = layer.pred_len // width if width else 0
-                layers.append(layer._replace(trace_len=0, pred_len=0, tag_len=0, taken=layer.passes,
-                                             pred_taken=layer.pred_taken + more))
-            self._state = state._replace(layers=tuple(layers))
+            while True:
+                state = self._state
+                head = self._json_document(b"", summary=True)
+                width = state.top_k or state.pred_k
+                rows: list[TakenRows] = []
+                layers = []
+                for index, layer in enumerate(state.layers):
+                    passes = layer.passes - layer.taken
+                    trace = pred = seq = phase = None
+                    if self._trace is not None:
+                        trace = self._trace[index][: layer.trace_len].tobytes()
+                    if self._pred is not None:
+                        pred = self._pred[index][: layer.pred_len].tobytes()
+                    if state.tagged:
+                        seq = array("q", _padded(self._seq[index], layer.tag_len, passes,
+                                                 _sequences.DEFAULT_SEQ)).tobytes()
+                        phase = bytes(_padded(self._phase[index], layer.tag_len, passes, _sequences.DEFAULT_PHASE))
+                    rows.append((layer.taken, trace, pred, seq, phase, layer.pred_taken))
+                    more = layer.pred_len // width if width else 0
+                    layers.append(layer._replace(trace_len=0, pred_len=0, tag_len=0, taken=layer.passes,
+                                                 pred_taken=layer.pred_taken + more))
+                taken = state._replace(layers=tuple(layers))
+                chunk = (width, rows)
+                serial = self._takes + 1
+                if self._state is state:
+                    # The step: nothing between these lines calls anything (see above).
+                    self._state = taken
+                    self._takes = serial
+                    if into is not None:
+                        into.append(chunk)
+                    break
             self._unspilled = 0
-            return head, width, rows, self._logits_capture()
+            # The buffers' ids are beyond the committed lengths now: free them (the next call on a
+            # layer would drop them anyway), unless a handler committed rows there meanwhile.
+            for buffers in (self._trace, self._pred, self._seq, self._phase):
+                for flat in buffers or ():
+                    if self._state is taken:
+                        del flat[:]
+            return head, width, rows, self._logits_capture(), serial
 
     def _add_counts(self, counts: Any, passes: Any, top_k: int) -> None:
         """Add whole passes known by their counts only: ``counts`` (L, E) and ``passes`` (L,) int64.
@@ -465,12 +510,18 @@ class RecorderCore:
                 counts, passes, top_k, self._num_layers, self._num_experts,
                 state.top_k or state.pred_k, self._trace is not None or self._pred is not None,
             )
-            layers = tuple(
-                layer._replace(counts=tuple(a + b for a, b in zip(layer.counts, row)), passes=layer.passes + extra)
-                for layer, row, extra in zip(state.layers, added.tolist(), more.tolist())
-            )
-            top = state.top_k or (top_k if int(more.sum()) else 0)
-            self._state = _State(top, state.pred_k, layers, state.tagged)
+            rows, extras = added.tolist(), more.tolist()
+            while True:  # built again if a handler committed meanwhile (see _commit)
+                layers = tuple(
+                    layer._replace(counts=tuple(a + b for a, b in zip(layer.counts, row)), passes=layer.passes + extra)
+                    for layer, row, extra in zip(state.layers, rows, extras)
+                )
+                top = state.top_k or (top_k if int(more.sum()) else 0)
+                new = _State(top, state.pred_k, layers, state.tagged)
+                if self._state is state:
+                    self._state = new
+                    break
+                state = self._state
 
 
 def _append(flat: array[int], committed: int, ids: array[int]) -> None:

@@ -21,6 +21,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from ._atomic import remove_temporaries
+from ._held import HELD, mark_aware
 from ._warn import warn_caller
 
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
@@ -68,6 +69,11 @@ def install(finish_all: Callable[..., None]) -> None:
             return
 
         def on_sigterm(signum: int, frame: Any) -> None:
+            if HELD.depth:
+                # Mid-hand-over (rows taken, not yet queued; a flush holding the queue's lock): the
+                # write runs as that stretch ends, so it never counts rows it cannot find (_held).
+                HELD.pending.append((on_sigterm, signum, frame))
+                return
             if callable(previous):
                 finish_all(close=False)
                 previous(signum, frame)
@@ -79,7 +85,7 @@ def install(finish_all: Callable[..., None]) -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
-        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGTERM, mark_aware(on_sigterm))
         _handler = on_sigterm
         _previous = previous
         _installed = True

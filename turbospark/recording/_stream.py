@@ -8,17 +8,21 @@ out of the core and queues them; narrowing to the file's id width, the
 checksums and the system calls run on the writer thread (numpy's cast,
 ``zlib.crc32`` and ``os.pwrite`` release the GIL for large buffers).
 
+The core's take appends to ``inbox`` in the step that empties the core
+(``_take_chunk(into)``), so the queue is in take order and a write that
+waits for it to drain has every row taken before its own on disk. On the
+main thread every stretch holding the queue's lock is a ``_held.Stretch``: a
+signal handler's write there could wait for the writer thread while it waits
+for the lock. No ``fsync`` runs under the lock.
+
 A chunk is written with one ``pwrite`` at the end of the last whole chunk. A
 failed write (disk full) is cut back off the file, reported once per message
 on stderr, and its rows are counted as lost per layer: the summary says how
 many (``"lost_passes"``), and the frames' ``first`` indices show the gap.
-Each frame says where its rows go (``first``), so chunks that two threads
-take close together may reach the file in either order.
 """
 
 from __future__ import annotations
 
-import collections
 import errno
 import os
 import threading
@@ -31,8 +35,8 @@ try:
 except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
-from . import _lifecycle, _stream_format as fmt
-from ._atomic import describe_os_error
+from . import _held, _lifecycle, _stream_format as fmt
+from ._atomic import describe_os_error, fsync_directory
 from ._types import TakenRows
 
 #: Ids the core holds before they are taken out (4 bytes each while in the core).
@@ -136,6 +140,8 @@ class StreamWriter:
         self._size = 0
         try:
             self._append(header)
+            # The new name durable at once: a JSON that names the sidecar must never outlive its entry.
+            fsync_directory(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             os.close(self._fd)
             self._fd = None
@@ -144,7 +150,10 @@ class StreamWriter:
         self._predictions = [0] * num_layers
         self._lost_passes = [0] * num_layers
         self._lost_predictions = [0] * num_layers
-        self._queue: collections.deque[tuple[int, list[TakenRows]]] = collections.deque()
+        # The chunks taken but not yet written, oldest first: the core's take appends to it in the same
+        # step that empties its buffers (_take_chunk(into)), so every row is always in one of the two.
+        self.inbox: list[tuple[int, list[TakenRows]]] = []
+        self._sync_error: Optional[OSError] = None
         self._cond = threading.Condition()
         self._busy = False
         self._stopping = False
@@ -152,52 +161,84 @@ class StreamWriter:
         self._thread = threading.Thread(target=self._run, name="turbospark-stream", daemon=True)
         self._thread.start()
 
-    def put(self, width: int, rows: list[TakenRows]) -> None:
-        """Queue one chunk of taken rows; waits while PENDING chunks are already waiting."""
-        if not any(part for layer in rows for part in layer[1:3]):
-            return
-        with self._cond:
-            while len(self._queue) >= PENDING and self._thread.is_alive():
+    # Every stretch that holds the queue's lock on the main thread is a _held.Stretch: a signal
+    # handler's write there would wait for the writer while the writer waits for the lock (a hang),
+    # and a Ctrl-C between taking the lock and the block's cleanup would leave it taken.
+
+    def wait_for_room(self) -> None:
+        """Wait while PENDING chunks are already queued (the disk is behind); call before a take."""
+        with _held.Stretch(interrupts=True), self._cond:
+            while len(self.inbox) >= PENDING and self._thread.is_alive():
                 self._cond.wait()
-            if not self._thread.is_alive():
-                # Closed (or, against every expectation, dead): the rows can only be counted.
-                self._lose(width, rows, "the trace's writer has stopped")
-                return
-            self._queue.append((width, rows))
+
+    def notify(self) -> None:
+        """Wake the writer after a take appended a chunk to ``inbox``."""
+        with _held.Stretch(interrupts=True), self._cond:
             self._cond.notify_all()
 
     def flush(self) -> Written:
-        """Wait until every queued chunk is written, make the file durable, and say what it holds."""
-        with self._cond:
-            while (self._queue or self._busy) and self._thread.is_alive():
+        """Wait until every queued chunk is written, make the file durable, and say what it holds.
+
+        The queue's lock is not held across the ``fsync``: a recording thread
+        handing over a chunk meanwhile never waits for the disk. Raises
+        OSError when the file cannot be made durable, and again at every
+        later flush: after a failed ``fsync`` the kernel may have dropped
+        the pages it could not write and report the next ``fsync`` clean, so
+        no later summary may count the frames written before it.
+        """
+        with _held.Stretch(interrupts=True), self._cond:
+            self._cond.notify_all()
+            while (self.inbox or self._busy) and self._thread.is_alive():
                 self._cond.wait()
-            if self._fd is not None:
-                os.fsync(self._fd)
-            return Written(self._size, list(self._passes), list(self._predictions), list(self._lost_passes),
-                           list(self._lost_predictions))
+            self._lose_stranded()
+            written = Written(self._size, list(self._passes), list(self._predictions), list(self._lost_passes),
+                              list(self._lost_predictions))
+            fd = self._fd
+        if fd is not None:
+            self._sync(fd)
+        return written
 
     def close(self) -> None:
         """Flush, stop the thread, close the file; idempotent."""
-        with self._cond:
+        with _held.Stretch(interrupts=True), self._cond:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join()
-        with self._cond:
-            if self._fd is not None:
-                try:
-                    os.fsync(self._fd)
-                finally:
-                    os.close(self._fd)
-                    self._fd = None
+        with _held.Stretch(interrupts=True), self._cond:
+            self._lose_stranded()
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                self._sync(fd)
+            finally:
+                os.close(fd)
+
+    def _sync(self, fd: int) -> None:
+        if self._sync_error is not None:
+            raise OSError(self._sync_error.errno, "an earlier fsync of the trace failed "
+                          f"({describe_os_error(self._sync_error)}): frames written before it may not be on disk",
+                          self.path)
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            self._sync_error = exc
+            raise
+
+    def _lose_stranded(self) -> None:
+        """Chunks queued after the writer stopped (a take after close): counted as lost, never silently."""
+        if not self._thread.is_alive():
+            while self.inbox:
+                width, rows = self.inbox.pop(0)
+                self._lose(width, rows, "the trace's writer has stopped")
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self.inbox and not self._stopping:
                     self._cond.wait()
-                if not self._queue:
+                if not self.inbox:
                     return
-                width, rows = self._queue.popleft()
+                width, rows = self.inbox.pop(0)
                 self._busy = True
                 self._cond.notify_all()
             try:
@@ -209,6 +250,8 @@ class StreamWriter:
 
     def _lose(self, width: int, rows: Sequence[TakenRows], why: str) -> None:
         """Count a chunk that cannot be written as lost, and say why once per message."""
+        if not any(part for layer in rows for part in layer[1:3]):
+            return
         for layer, (_, trace, pred, _, _, _) in enumerate(rows):
             self._lost_passes[layer] += rows_in(trace, width)
             self._lost_predictions[layer] += rows_in(pred, width)

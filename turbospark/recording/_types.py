@@ -33,6 +33,11 @@ LogitRow = Union[Sequence[float], npt.NDArray[np.number[Any]], TensorLike]
 #: native order; None when off), sequence ids (int64), phases (uint8); tags None while untagged;
 #: predictions taken before).
 TakenRows = tuple[int, Optional[bytes], Optional[bytes], Optional[bytes], Optional[bytes], int]
+#: What ``_take_chunk`` returns: (summary head, row width, rows per layer, router-logit capture, serial:
+#: how many takes this core has made, this one included, so a later take's summary is told apart).
+Taken = tuple[bytes, int, list[TakenRows], Optional[tuple[int, int, Optional["array[float]"]]], int]
+#: The queue ``_take_chunk(into)`` appends ``(width, rows)`` to, in the step that empties the core.
+Inbox = list[tuple[int, list[TakenRows]]]
 
 
 class RecorderCoreAPI(Protocol):
@@ -74,4 +79,4 @@ class RecorderCoreAPI(Protocol):
     def _logits_capture(self) -> Optional[tuple[int, int, Optional["array[float]"]]]: ...
     def _json_document(self, tail: bytes) -> bytes: ...
     def _stream_every(self, ids: int) -> None: ...
-    def _take_chunk(self) -> tuple[bytes, int, list[TakenRows], Optional[tuple[int, int, Optional["array[float]"]]]]: ...
+    def _take_chunk(self, into: Optional[Inbox] = None) -> Taken: ...

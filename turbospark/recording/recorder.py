@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 import numpy as np
 import numpy.typing as npt
 
-from . import _checkpoint, _convert, _env, _lifecycle, _paths, _sigterm, _stream, _stream_format
+from . import _checkpoint, _convert, _env, _held, _lifecycle, _paths, _sigterm, _stream, _stream_format
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._destination import check_destination
+from ._types import Taken
 from ._f32display import logits_member
 from ._warn import warn_caller
 
@@ -216,6 +217,11 @@ class _Facade(_CoreBase):
         # Serialises writes to self.path, so a checkpoint in progress can never land after the final write.
         # Re-entrant: a SIGTERM handler may write while the main thread is inside write().
         self._write_lock = threading.RLock()
+        # trace="stream": the serial (_take_chunk's) of the summary last written, so an older one never replaces it.
+        self._written_serial = 0
+        # The serial of the summary this thread's last _streamed_document built (read back by _write_streamed,
+        # since _document, which subclasses extend, returns the bytes only).
+        self._serial_here = threading.local()
         self._checkpointer: Optional[_checkpoint.Checkpointer] = None
         _lifecycle.register(self)
         if stream is not None:
@@ -303,10 +309,28 @@ class _Facade(_CoreBase):
 
     def _spill(self) -> None:
         # The core's call once it holds CHUNK_IDS untaken ids (trace="stream"): queue them for the writer.
-        rows = self._take_chunk()
-        if self._stream is not None and os.getpid() == self._owner_pid:
-            self._stream.put(rows[1], rows[2])
-        # A forked child's copy drops them: it never writes its parent's files, and stays bounded.
+        self._hand_over()
+
+    def _hand_over(self) -> Taken:
+        """Take every committed row out of the core into the writer's queue, in one step; every hand-over's path.
+
+        The core appends the rows to the queue in the step that empties it
+        (``_take_chunk(into)``), so no other thread's write, no signal
+        handler and no Ctrl-C ever finds them in neither place; and the main
+        thread's hand-over is a ``_held.Stretch``: a held-aware handler (the
+        opt-in SIGTERM one, the vLLM plugin's) and a Ctrl-C landing in it run
+        as it ends. The wait for room in the queue (the disk is behind) comes
+        first, before anything is taken.
+        """
+        stream = self._stream
+        if stream is None or os.getpid() != self._owner_pid:
+            # A forked child's copy drops them: it never writes its parent's files, and stays bounded.
+            return self._take_chunk(None)
+        stream.wait_for_room()
+        with _held.Stretch(interrupts=True):
+            taken = self._take_chunk(stream.inbox)
+        stream.notify()
+        return taken
 
     @property
     def checkpoint(self) -> Optional[float]:
@@ -378,21 +402,23 @@ class _Facade(_CoreBase):
         """
         self._drain()
         if self._stream is not None:
-            return self._streamed_document()
+            return self._streamed_document()[0]
         return self._json_document(_logits_tail(self._logits_capture())) + b"}"
 
-    def _streamed_document(self) -> bytes:
-        """A streamed capture's JSON: every row so far written to the sidecar and made durable first.
+    def _streamed_document(self) -> tuple[bytes, int]:
+        """A streamed capture's JSON, every row so far written to the sidecar and made durable first; and its serial.
 
         The summary (sizes, counts, ``"stream"``, the logit row) and the rows
         are taken in one step, so the counts it states are exactly those of
-        the passes on disk (and of those said lost to failed writes).
+        the passes on disk (and of those said lost to failed writes). The
+        serial orders the summaries of takes by several threads: a later
+        take's is never replaced by an earlier one's (``write``).
         """
         assert self._stream is not None
         if os.getpid() != self._owner_pid:
             raise RuntimeError(f"a forked child cannot write the streamed capture {self._path!r} of its parent")
-        head, width, rows, logits = self._take_chunk()
-        self._stream.put(width, rows)
+        head, width, rows, logits, serial = self._hand_over()
+        # Every chunk queued before this one is written first (the queue is in take order).
         written = self._stream.flush()
         # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
         # taken after this one may already be on disk too; the reader recovers it.
@@ -405,7 +431,26 @@ class _Facade(_CoreBase):
             stream += f',"predictions":{_ints(predictions)}'
         if any(written.lost_passes) or any(written.lost_predictions):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
-        return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}"
+        self._serial_here.value = serial
+        return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}", serial
+
+    def _write_streamed(self, *, checkpoint: bool = False) -> None:
+        """Write a streamed capture: built (taken, flushed) outside the write lock, replaced under it.
+
+        Outside: the take may wait for the pure core's lock, held by a call
+        on the main thread that a SIGTERM interrupted, whose handler's write
+        must then not wait for this one. Under it, only the replacement, and
+        only when no later take's summary is on disk already (a checkpoint
+        also skips once the recorder closed: the final write is the last word).
+        """
+        document = self._document()
+        # A handler's write between the two lines can only make this larger, and equal to a summary
+        # it wrote: then this older one is skipped, as it should be.
+        serial = self._serial_here.value
+        with self._write_lock:
+            if serial > self._written_serial and not (checkpoint and self.closed):
+                write_atomic(self._path, document)
+                self._written_serial = serial
 
     def _add_drain(self, drain: Any) -> None:
         """Call ``drain()`` before every write and before closing (the device path's staged ids).
@@ -460,6 +505,9 @@ class _Facade(_CoreBase):
         if self.streamed and os.path.abspath(target) != os.path.abspath(self._path):
             raise ValueError(f"a streamed capture is written to its own path {self._path!r}, beside its trace "
                              f"{self._stream.path!r}, not to {target!r}")  # type: ignore[union-attr]
+        if self._stream is not None:
+            self._write_streamed()
+            return
         with self._write_lock:
             write_atomic(target, self._document())
 
@@ -473,6 +521,9 @@ class _Facade(_CoreBase):
         if self.closed or os.getpid() != self._owner_pid:
             return
         self._drain()
+        if self._stream is not None:
+            self._write_streamed(checkpoint=True)
+            return
         with self._write_lock:
             # Closed meanwhile: the final write is (or was) the last word.
             if not self.closed:

@@ -20,39 +20,10 @@ import signal
 import threading
 from typing import Any
 
+# One deferral mechanism for every hand-over (the streamed trace's too): see recording/_held.py.
+from ..recording._held import HELD, Held, held_here, mark_aware
+
 __all__ = ["HELD", "Held", "held_here", "write_before_exit"]
-
-
-class Held:
-    """How deep a thread is in the plugin's hand-over, and the signals that fired meanwhile.
-
-    Around a stretch that a signal handler's write must not cut in half (a
-    step's hand-over, a flush): ``held.depth += 1``, then in a ``finally``
-    ``held.depth -= 1`` and, when ``held.pending`` and the depth is back to
-    0, ``held.run_pending()``. Attribute updates, not a signal mask: two
-    syscalls (or two calls) per step would cost more than the hand-over.
-    """
-
-    __slots__ = ("depth", "pending")
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.pending: list[tuple[Any, int, Any]] = []
-
-    def run_pending(self) -> None:
-        """Run the handlers that fired inside the stretch that just ended, in order."""
-        pending, self.pending = self.pending, []
-        for handler, number, frame in pending:
-            handler(number, frame)
-
-
-# The main thread's: only the main thread runs signal handlers, and the wrapped handlers consult this one.
-HELD = Held()
-
-
-def held_here() -> Held:
-    """``HELD`` on the main thread; elsewhere a ``Held`` no handler consults (a signal cannot cut that thread)."""
-    return HELD if threading.current_thread() is threading.main_thread() else Held()
 
 
 def write_before_exit(recorder: Any) -> None:
@@ -81,4 +52,4 @@ def _handler(recorder: Any, signum: int, previous: Any) -> Any:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
 
-    return on_signal
+    return mark_aware(on_signal)
