@@ -55,7 +55,8 @@ import numpy as np
 from ..analysis.capture_sequences import Sequences, split_unit
 from ..analysis.capture import Capture
 from . import Placement, place
-from .dispatch import DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, Routing, dispatch_loads, routing
+from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, LayerIds, Routing, dispatch_loads,
+                       routing)
 from .evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
 from .migrate import align, moved_slots, rebalance
 from .samples import Split, batch_counts, split, window_sequences
@@ -168,7 +169,7 @@ def _fit_flow(capture: Capture, parts: Split) -> Routing:
         return routing([parts.fit])
     if parts.fit_masks is None:
         return routing([parts.fit], [capture.trace])
-    return routing([parts.fit], [[ids[m] for ids, m in zip(capture.trace, parts.fit_masks)]])
+    return routing([parts.fit], [LayerIds(capture.trace, parts.fit_masks)])
 
 
 def by_dispatch(phy2log: np.ndarray, flow: Routing, gpus: int, assume_even: bool) -> list[dict[str, Optional[float]]]:
