@@ -265,10 +265,17 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
             if stream.get("predictions") is not None else None)
     seq = phase = None
     if any(segment.tagged for layer in passes for segment in layer):
+        # Read a chunk at a time by the analysis, as the trace is, and their pages handed back with it.
         seq = LayerRows(num_layers,
-                        lambda layer: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0)))
+                        lambda layer: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0)),
+                        lambda layer, lo, hi: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0,
+                                                                     lo, hi)),
+                        on_disk.tolist(), release)
         phase = LayerRows(num_layers,
-                          lambda layer: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width, 1)))
+                          lambda layer: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width, 1)),
+                          lambda layer, lo, hi: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width,
+                                                                         1, lo, hi)),
+                          on_disk.tolist(), release)
     counts = base.counts
     stale = np.flatnonzero((on_disk != stated) | (missing > 0)).tolist()
     if stale:
@@ -448,22 +455,25 @@ def _ids(file: _Sidecar, segments: list[_Segment], dtype: np.dtype, width: int, 
     return file.gather(pieces, dtype).reshape(-1, width)
 
 
-def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, column: int) -> np.ndarray:
-    """A layer's seq (column 0, int64) or phase (column 1, uint8) column; untagged frames read as the defaults."""
+def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, column: int, lo: int = 0,
+          hi: Optional[int] = None) -> np.ndarray:
+    """A layer's seq (column 0, int64) or phase (column 1, uint8) column, rows ``lo:hi`` (default: all);
+    untagged frames read as the defaults."""
     dtype = np.dtype("<i8") if column == 0 else np.dtype("u1")
-
-    def column_at(s: _Segment) -> tuple[int, int]:
-        # A tagged frame's payload: the seq column, the ids, then the phase column.
-        return (s.offset if column == 0 else s.offset + s.span * 8 + (s.span * width * id_bytes)), s.rows
-
-    if all(s.tagged for s in segments) and segments:
-        return file.gather([column_at(s) for s in segments], dtype)
-    parts = []
+    # Per frame holding rows of lo:hi: (where its first wanted entry is, or None untagged; how many).
+    pieces: list[tuple[Optional[int], int]] = []
+    start = 0
     for s in segments:
-        if not s.tagged:
-            parts.append(np.full(s.rows, 0 if column == 0 else 1, dtype=dtype))
-        else:
-            parts.append(file.gather([column_at(s)], dtype))
+        first, last = max(lo, start), s.rows + start if hi is None else min(hi, start + s.rows)
+        if first < last:
+            # A tagged frame's payload: the seq column, the ids, then the phase column.
+            base = s.offset if column == 0 else s.offset + s.span * (8 + width * id_bytes)
+            pieces.append((base + (first - start) * dtype.itemsize if s.tagged else None, last - first))
+        start += s.rows
+    if pieces and all(at is not None for at, _ in pieces):
+        return file.gather([(at, count) for at, count in pieces], dtype)  # type: ignore[misc]
+    parts = [np.full(count, 0 if column == 0 else 1, dtype=dtype) if at is None else file.gather([(at, count)], dtype)
+             for at, count in pieces]
     if not parts:
         return np.zeros(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
