@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .capture import Capture
-from .trace_sums import CHUNK_PASSES, layer_rows, tagged_sums, trace_values
+from .trace_sums import CHUNK_PASSES, layer_breaks, layer_rows, tagged_sums, trace_values
 
 __all__ = ["PHASE_NAMES", "layer_and_counts", "layer_by_sequence", "sequence_ids", "split"]
 
@@ -76,7 +76,7 @@ def layer_and_counts(
     # Predictions align with passes by index, over their common prefix.
     pred = capture.pred if layer > 0 and capture.pred is not None else None
     views = tagged_sums(capture.trace, pred, capture.seq, capture.phase, layer, capture.num_experts,
-                        capture.top_k, windows, caches)
+                        capture.top_k, windows, caches, layer_breaks(capture, layer))
     (pooled, counts), *phases = [_metrics(passes, sums, windows, caches, pred is not None) for passes, sums in views]
     del pooled["passes"]
     pooled["phases"] = {name: phases[code][0] for code, name in enumerate(PHASE_NAMES)}

@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CHUNK_PASSES", "backend", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
+__all__ = ["CHUNK_PASSES", "backend", "layer_breaks", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
            "trace_values"]
 
 # 256 Ki passes: 2 MiB of a uint8 top-8 trace, 16 MiB as int64; large enough
@@ -74,6 +74,20 @@ def layer_rows(rows: Any, layer: int) -> int:
     return int(count(layer)) if count is not None else int(rows[layer].shape[0])
 
 
+def layer_breaks(capture: Any, layer: int) -> list[int]:
+    """Where the rows of ``capture``'s layer ``layer`` break: the row indices (ascending, inside the layer)
+    at which a streamed capture's rows resume after a gap (a failed write); empty for any other capture.
+    A break is a sequence's end and a new one's start for every metric of consecutive passes."""
+    stream = getattr(capture, "stream", None)
+    return [] if stream is None else stream.breaks(layer)
+
+
+def _pieces(passes: int, breaks: Sequence[int]) -> list[tuple[int, int]]:
+    """The (start, stop) row ranges of a layer of ``passes`` rows cut at ``breaks``."""
+    bounds = [0] + [b for b in breaks if 0 < b < passes] + [passes]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def _row_range(rows: Any, layer: int, lo: int, hi: int) -> np.ndarray:
     piece = getattr(rows, "row_range", None)
     return piece(layer, lo, hi) if piece is not None else rows[layer][lo:hi]
@@ -87,18 +101,20 @@ def _release(rows: Any) -> None:
 
 def run_sums(
     trace: Any, pred: Optional[Any], layer: int, num_experts: int, top_k: int,
-    windows: Sequence[int], caches: Sequence[int],
+    windows: Sequence[int], caches: Sequence[int], breaks: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The sums of layer ``layer`` of ``trace`` as one run (``pred``: the predictions, or None), chunk by chunk."""
+    """The sums of layer ``layer`` of ``trace`` as one run (``pred``: the predictions, or None), chunk by chunk;
+    ``breaks`` (``layer_breaks``) end the run there and start another."""
     sums = new_sums(num_experts, top_k, windows, caches)
     passes = layer_rows(trace, layer)
     guessed = layer_rows(pred, layer) if pred is not None else 0
-    for lo in range(0, passes, CHUNK_PASSES):
-        hi = min(passes, lo + CHUNK_PASSES)
-        guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
-        sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
-        _release(trace)
-    sums.end_run()
+    for start, stop in _pieces(passes, breaks):
+        for lo in range(start, stop, CHUNK_PASSES):
+            hi = min(stop, lo + CHUNK_PASSES)
+            guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
+            sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
+            _release(trace)
+        sums.end_run()
     return sums.sums()
 
 
@@ -134,12 +150,12 @@ def _add_sums(total: Optional[dict[str, Any]], part: dict[str, Any]) -> dict[str
     return out
 
 
-def _last_passes(seq: Any, phase: Any, layer: int, passes: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per view (every pass, then the prompt passes, then the decode ones): the layer's distinct sequence
-    ids, ascending, and the index of each one's last pass in that view, read chunk by chunk."""
+def _last_passes(seq: Any, phase: Any, layer: int, start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per view (every pass, then the prompt passes, then the decode ones): the distinct sequence ids of the
+    layer's rows ``start:stop``, ascending, and the index of each one's last pass in that view, read chunk by chunk."""
     views = [(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in range(3)]
-    for lo in range(0, passes, CHUNK_PASSES):
-        hi = min(passes, lo + CHUNK_PASSES)
+    for lo in range(start, stop, CHUNK_PASSES):
+        hi = min(stop, lo + CHUNK_PASSES)
         ids = np.asarray(_row_range(seq, layer, lo, hi), dtype=np.int64)
         codes = np.asarray(_row_range(phase, layer, lo, hi))
         for view, keep in enumerate((None, codes == 0, codes == 1)):
@@ -162,21 +178,37 @@ def _last_passes(seq: Any, phase: Any, layer: int, passes: int) -> list[tuple[np
 
 def tagged_sums(
     trace: Any, pred: Optional[Any], seq: Any, phase: Any, layer: int, num_experts: int, top_k: int,
-    windows: Sequence[int], caches: Sequence[int],
+    windows: Sequence[int], caches: Sequence[int], breaks: Sequence[int] = (),
 ) -> list[tuple[int, Optional[dict[str, Any]]]]:
     """(passes, sums) of a tagged layer: over each sequence's passes, then its prompt passes, then its decode ones.
 
     Exactly ``sequence_sums`` of ``runs_of`` for each view (the same runs, summed in another order),
-    read ``CHUNK_PASSES`` passes at a time; ``trace`` None gives the pass counts and no sums.
+    read ``CHUNK_PASSES`` passes at a time; ``trace`` None gives the pass counts and no sums. ``breaks``
+    (``layer_breaks``) end every sequence's run there: the rows on each side are summed as separate captures.
     """
-    passes = layer_rows(seq, layer)
-    lasts = _last_passes(seq, phase, layer, passes) if trace is not None else []
+    out: Optional[list[tuple[int, Optional[dict[str, Any]]]]] = None
+    for start, stop in _pieces(layer_rows(seq, layer), breaks):
+        piece = _tagged_piece(trace, pred, seq, phase, layer, num_experts, top_k, windows, caches, start, stop)
+        out = piece if out is None else [
+            (n + m, None if a is None or b is None else _add_sums(a, b)) for (n, a), (m, b) in zip(out, piece)]
+    if out is None:  # no rows: the empty piece's counts and (empty) sums
+        out = _tagged_piece(trace, pred, seq, phase, layer, num_experts, top_k, windows, caches, 0, 0)
+    return out
+
+
+def _tagged_piece(
+    trace: Any, pred: Optional[Any], seq: Any, phase: Any, layer: int, num_experts: int, top_k: int,
+    windows: Sequence[int], caches: Sequence[int], start: int, stop: int,
+) -> list[tuple[int, Optional[dict[str, Any]]]]:
+    """``tagged_sums`` of the layer's rows ``start:stop`` alone."""
+    passes = stop
+    lasts = _last_passes(seq, phase, layer, start, stop) if trace is not None else []
     counted = [0, 0, 0]
     whole = [new_sums(num_experts, top_k, windows, caches) if trace is not None else None for _ in range(3)]
     totals: list[Optional[dict[str, Any]]] = [None, None, None]
     open_runs: list[dict[int, Any]] = [{}, {}, {}]
     guessed = layer_rows(pred, layer) if pred is not None else 0
-    for lo in range(0, passes, CHUNK_PASSES):
+    for lo in range(start, passes, CHUNK_PASSES):
         hi = min(passes, lo + CHUNK_PASSES)
         ids_chunk = np.asarray(_row_range(seq, layer, lo, hi), dtype=np.int64)
         codes = np.asarray(_row_range(phase, layer, lo, hi))

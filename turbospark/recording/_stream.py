@@ -11,7 +11,8 @@ checksums and the system calls run on the writer thread (numpy's cast,
 A chunk is written with one ``pwrite`` at the end of the last whole chunk. A
 failed write (disk full) is cut back off the file, reported once per message
 on stderr, and its rows are counted as lost per layer: the summary says how
-many (``"lost_passes"``), and the frames' ``first`` indices show the gap.
+many (``"lost_passes"``) and exactly which (``"lost_rows"``: per layer, the
+``[first, stop)`` ranges), and the frames' ``first`` indices show the gap.
 Each frame says where its rows go (``first``), so chunks that two threads
 take close together may reach the file in either order.
 """
@@ -54,6 +55,19 @@ class Written(NamedTuple):
     predictions: list[int]
     lost_passes: list[int]
     lost_predictions: list[int]
+    lost_rows: list[list[tuple[int, int]]] = []
+    lost_prediction_rows: list[list[tuple[int, int]]] = []
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` sorted, adjacent ones joined (a disk full for an hour is one range per layer, not one a chunk)."""
+    out: list[tuple[int, int]] = []
+    for first, stop in sorted(ranges):
+        if out and out[-1][1] == first:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((first, stop))
+    return out
 
 
 class StreamBusy(OSError):
@@ -144,6 +158,8 @@ class StreamWriter:
         self._predictions = [0] * num_layers
         self._lost_passes = [0] * num_layers
         self._lost_predictions = [0] * num_layers
+        self._lost_rows: list[list[tuple[int, int]]] = [[] for _ in range(num_layers)]
+        self._lost_prediction_rows: list[list[tuple[int, int]]] = [[] for _ in range(num_layers)]
         self._queue: collections.deque[tuple[int, list[TakenRows]]] = collections.deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -174,7 +190,8 @@ class StreamWriter:
             if self._fd is not None:
                 os.fsync(self._fd)
             return Written(self._size, list(self._passes), list(self._predictions), list(self._lost_passes),
-                           list(self._lost_predictions))
+                           list(self._lost_predictions), [_merged(r) for r in self._lost_rows],
+                           [_merged(r) for r in self._lost_prediction_rows])
 
     def close(self) -> None:
         """Flush, stop the thread, close the file; idempotent."""
@@ -209,9 +226,14 @@ class StreamWriter:
 
     def _lose(self, width: int, rows: Sequence[TakenRows], why: str) -> None:
         """Count a chunk that cannot be written as lost, and say why once per message."""
-        for layer, (_, trace, pred, _, _, _) in enumerate(rows):
-            self._lost_passes[layer] += rows_in(trace, width)
-            self._lost_predictions[layer] += rows_in(pred, width)
+        for layer, (first, trace, pred, _, _, pred_first) in enumerate(rows):
+            passes, predictions = rows_in(trace, width), rows_in(pred, width)
+            self._lost_passes[layer] += passes
+            self._lost_predictions[layer] += predictions
+            if passes:
+                self._lost_rows[layer].append((first, first + passes))
+            if predictions:
+                self._lost_prediction_rows[layer].append((pred_first, pred_first + predictions))
         message = f"[router-hist] FAILED streaming the trace to {self.path}: {why}"
         if message not in self._failures:
             self._failures.add(message)
