@@ -21,6 +21,15 @@ processes, so each peak RSS is that phase's alone:
   whole ``analyze --json`` document, default windows), with its rate in ids
   per second; ``rss an`` the peak of that process, load included.
 
+With ``--tagged`` the captures are recorded by ``record_batch`` with
+sequence tags instead (256 sequences in flight, each 512 passes of a layer
+long, its first 4 passes prompt, the rest decode), streamed only, and every
+command is run on each in a child process of its own, its peak RSS reported
+(``turbospark.load`` + every layer's trace; ``analyze``; ``place --fit 0.5``;
+``place --batch 256``; ``cache --slots 16 32``; ``merge`` of the capture with
+itself; each from a fresh load, its output written to the directory and
+removed).
+
 The comparison is the in-memory capture at the same size, in the same run.
 The 2 M case is streamed only (its in-memory trace would need ~4 GiB to
 record and ~24 GiB to load). Files go to ``--dir`` (default: a temporary
@@ -52,7 +61,11 @@ def _peak_mib() -> float:
     return _status_mib("VmHWM")
 
 
-def _record(path: str, passes: int, trace: object) -> dict[str, float]:
+# --tagged: sequences in flight, and how many blocks of a layer one generation of them lasts.
+IN_FLIGHT, GENERATION_BLOCKS = 256, 128
+
+
+def _record(path: str, passes: int, trace: object, tagged: bool = False) -> dict[str, float]:
     import numpy as np
 
     from turbospark import RouterHistogram
@@ -60,15 +73,22 @@ def _record(path: str, passes: int, trace: object) -> dict[str, float]:
     rng = np.random.default_rng(0)
     pool = [[np.argsort(rng.random((BLOCK, EXPERTS)), axis=1)[:, :TOP_K].astype(np.int64) for _ in range(16)]
             for _ in range(LAYERS)]
+    lanes = np.arange(BLOCK, dtype=np.int64) % IN_FLIGHT
     hist = RouterHistogram(path, LAYERS, EXPERTS, TOP_K, trace=trace)
     before = _status_mib("VmRSS")
     started = time.perf_counter()
     done = 0
     while done < passes:
         rows = min(BLOCK, passes - done)
+        generation, step = divmod(done // BLOCK, GENERATION_BLOCKS)
+        seq = (generation * IN_FLIGHT + lanes)[:rows]
         for layer in range(LAYERS):
             block = pool[layer][(done // BLOCK) % 16]
-            hist.record_many(layer, block if rows == BLOCK else block[:rows])
+            block = block if rows == BLOCK else block[:rows]
+            if tagged:
+                hist.record_batch(layer, block, seq=seq, phase="prompt" if step == 0 else "decode")
+            else:
+                hist.record_many(layer, block)
         done += rows
     recorded = time.perf_counter()
     hist.close()
@@ -98,6 +118,31 @@ def _analyze(path: str) -> dict[str, float]:
     return {"analyze": analyzed - begun, "rss": _peak_mib()}
 
 
+def _command(path: str, name: str) -> dict[str, float]:
+    """One CLI command on the capture at ``path``, in this (fresh) process: its time and this process's peak."""
+    import contextlib
+    import io
+
+    from turbospark.cli import main
+
+    out = path + "." + name.replace(" ", "-") + ".out"
+    argv = {
+        "place --fit": ["place", path, "--gpus", "8", "--slots", "160", "--fit", "0.5", "-o", out],
+        "place --batch": ["place", path, "--gpus", "8", "--slots", "160", "--batch", "256", "-o", out],
+        "cache": ["cache", path, "--slots", "16", "32", "--json", "-o", out],
+        "merge": ["merge", path, path, "-o", out],
+    }[name]
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        status = main(argv)
+    took = time.perf_counter() - started
+    size = os.path.getsize(out) if os.path.exists(out) else 0
+    for leftover in (out, out + ".trace"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+    return {"status": status, "seconds": took, "rss": _peak_mib(), "bytes": size}
+
+
 def _child(*args: str) -> dict[str, float]:
     result = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], check=True,
                             stdout=subprocess.PIPE, text=True)
@@ -109,16 +154,29 @@ def main() -> None:
     parser.add_argument("--passes", type=int, nargs="+", default=[100_000, 400_000, 2_000_000])
     parser.add_argument("--dir", help="where the captures go (default: a temporary directory)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--tagged", action="store_true",
+                        help="record_batch with sequence tags, streamed only; every command's peak RSS")
+    parser.add_argument("--commands", nargs="+", default=list(_COMMANDS),
+                        help="with --tagged: the commands to run after load and analyze (default: all)")
     args = parser.parse_args()
     if args.child:
         what, path = args.child[0], args.child[1]
         if what == "record":
             trace = "stream" if args.child[3] == "stream" else True
-            print(json.dumps(_record(path, int(args.child[2]), trace)))
+            print(json.dumps(_record(path, int(args.child[2]), trace, len(args.child) > 4)))
+        elif what == "command":
+            print(json.dumps(_command(path, args.child[2])))
         else:
             print(json.dumps(_load(path) if what == "load" else _analyze(path)))
         return
     directory = args.dir or tempfile.mkdtemp(prefix="turbospark-scale-")
+    if args.tagged:
+        try:
+            _tagged(args.passes, directory, args.commands)
+        finally:
+            if not args.dir:
+                shutil.rmtree(directory, ignore_errors=True)
+        return
     print(f"{LAYERS} layers x {EXPERTS} experts, top-{TOP_K}, trace on; one child process per phase")
     print(f"{'passes':>9} {'ids':>6} {'mode':>7} {'record':>7} {'write':>7} {'file':>9} {'rss rec':>8} {'rec +':>7} "
           f"{'load':>7} {'MB/s':>7} {'rss ld':>8} {'analyze':>8} {'M ids/s':>8} {'rss an':>8}")
@@ -141,6 +199,36 @@ def main() -> None:
     finally:
         if not args.dir:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+_COMMANDS = ("place --fit", "place --batch", "cache", "merge")
+
+
+def _tagged(sizes: list[int], directory: str, commands: list[str]) -> None:
+    print(f"{LAYERS} layers x {EXPERTS} experts, top-{TOP_K}, streamed, tagged ({IN_FLIGHT} sequences in flight, "
+          f"{GENERATION_BLOCKS * BLOCK // IN_FLIGHT} passes each); one child process per command")
+    print(f"{'passes':>9} {'command':>14} {'time':>8} {'peak RSS':>9} {'output':>9}")
+
+    def row(passes: int, name: str, seconds: float, rss: float, size: int = 0) -> None:
+        print(f"{passes:>9} {name:>14} {seconds:>7.2f}s {rss:>6.0f}MiB "
+              f"{(f'{size / 2**20:.0f}MiB' if size else '-'):>9}", flush=True)
+
+    for passes in sizes:
+        path = os.path.join(directory, f"tagged-{passes}.json")
+        rec = _child("record", path, str(passes), "stream", "tagged")
+        row(passes, "record + close", rec["record"] + rec["write"], rec["rss"], int(rec["bytes"]))
+        load = _child("load", path)
+        row(passes, "load", load["load"], load["rss_load"])
+        an = _child("analyze", path)
+        row(passes, "analyze", an["analyze"], an["rss"])
+        for name in commands:
+            got = _child("command", path, name)
+            if got["status"] != 0:
+                raise SystemExit(f"{name} exited {got['status']}")
+            row(passes, name, got["seconds"], got["rss"], int(got["bytes"]))
+        for name in (path, path + ".trace"):
+            if os.path.exists(name):
+                os.remove(name)
 
 
 if __name__ == "__main__":

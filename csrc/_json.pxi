@@ -96,13 +96,16 @@ cdef bytes _json_document(RecorderCore self, bytes tail, bint summary=False):
     cdef uint64_t* row
     for layer in range(self._num_layers):
         bound += 3 + 21 * self._num_experts + 21  # the counts, and a trace_dropped entry
+        if summary:
+            continue  # nothing per pass: the summary's size must not grow with the run (issue 25)
         if self._trace != NULL:
             bound += 3 + id_width * self._trace[layer].len
         if self._pred != NULL:
             bound += 3 + id_width * self._pred[layer].len
         if self._tagged:
-            # A sequence id (up to 19 digits and a comma) and a phase digit and comma per pass.
-            bound += 6 + 22 * self._passes[layer]
+            # A sequence id (up to 19 digits and a comma) and a phase digit and comma per pass
+            # _put_tags writes: the kept, untaken ones, not every pass ever counted (a trace_cap).
+            bound += 6 + 22 * (_kept(self._passes[layer], self._cap) - self._taken[layer])
     head = ('{"num_layers":%d,"num_experts":%d,"top_k":%d,"counts":['
             % (self._num_layers, self._num_experts if self._num_layers else 0, self._top_k)).encode()
     bound += len(head)

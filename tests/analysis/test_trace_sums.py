@@ -251,3 +251,24 @@ def test_analyze_of_a_streamed_capture_stays_bounded(tmp_path: Path) -> None:
     # capture in memory holds 102 MB of int64 ids before analyze starts, and the whole-array
     # analysis this replaced grew by ~420 MiB here.
     assert int(result.stdout) < 16, result.stdout
+
+
+@pytest.mark.both_backends  # the compiled kernel's bound; the numpy twin holds a whole run (by design)
+def test_analyze_of_a_tagged_streamed_capture_stays_bounded(tmp_path: Path) -> None:
+    if not Path("/proc/self/status").exists():
+        pytest.skip("reads the peak from /proc/self/status (Linux)")
+    path = tmp_path / "c.json"
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 128, (25_000, 8))
+    with turbospark.RouterHistogram(str(path), 8, 128, 8, trace="stream") as hist:
+        for step in range(8 * 8):  # 200 K passes per layer, 12.8 M ids
+            # 64 sequences in flight, each ~781 passes of a layer (runs cross the 65,536-pass chunks),
+            # a new generation every 2 blocks of a layer, its first block prompt, its second decode
+            seq = (step // 16) * 64 + np.arange(25_000, dtype=np.int64) % 64
+            hist.record_batch(step % 8, block, seq=seq, phase="prompt" if step // 8 % 2 == 0 else "decode")
+    result = run_script(tmp_path, _ANALYZE_RSS, str(path), timeout=300)
+    assert result.returncode == 0, result.stderr
+    # Chunks of the layer's ids and tags and 64 open runs' sums; the whole-layer analysis this replaced
+    # held every layer's seq column for the sequence count and each layer's ids, tags and pass orders.
+    assert int(result.stdout) < 10, result.stdout  # 30 MiB before
+    assert turbospark.analyze(turbospark.load(path))["sequences"] == 4 * 64

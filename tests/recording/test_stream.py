@@ -233,14 +233,15 @@ def test_a_failed_write_is_counted_as_lost(tmp_path: Path, cls: Any, small_chunk
     assert summary["stream"]["passes"] == [9] and summary["stream"]["lost_passes"] == [4]
     err = capfd.readouterr().err
     assert err.count("FAILED streaming the trace to") == 1
-    # Rows after the gap cannot keep their pass index: the layer stops at the gap, so the 4 lost
-    # passes and the 2 after them are not in the loaded trace.
-    with pytest.warns(RuntimeWarning, match=r"1 whole frames follow a gap in their layer's rows and were not used; "
-                      r"6 passes the capture counts are not on disk \(per layer \[6\]\)"):
+    assert summary["stream"]["lost_rows"] == [[[3, 7]]]
+    # The frames after the gap are kept: the 4 lost passes are missing, the 2 after them are there.
+    with pytest.warns(RuntimeWarning, match=r"4 passes are missing \(rows \[first, stop\) per layer: 0: \[3, 7\)\); "
+                      r"the rows after a gap are kept.*; 4 passes the capture counts are not on disk \(per layer \[4\]\)"):
         capture = turbospark.load(path)
-    assert capture.stream.stranded_frames == 1 and capture.stream.dropped_bytes == 0
-    assert capture.trace[0].tolist() == [[0, 1]] * 3
-    assert capture.counts.tolist() == [[3, 3, 0, 0, 0, 0, 0, 0]]
+    assert capture.stream.stranded_frames == 0 and capture.stream.dropped_bytes == 0
+    assert capture.stream.missing == (((3, 7),),) and capture.stream.breaks(0) == [3]
+    assert capture.trace[0].tolist() == [[0, 1]] * 3 + [[4, 5]] * 2
+    assert capture.counts.tolist() == [[3, 3, 0, 0, 2, 2, 0, 0]]
 
 
 def test_refusals(tmp_path: Path, cls: Any) -> None:
@@ -405,8 +406,8 @@ def test_a_writer_that_fails_otherwise_counts_the_rows_and_goes_on(tmp_path: Pat
     hist.close()
     assert json.loads(path.read_text())["stream"]["lost_passes"] == [2]
     assert "FAILED streaming the trace to " in capfd.readouterr().err
-    with pytest.warns(RuntimeWarning, match="1 whole frames follow a gap"):
-        assert turbospark.load(path).trace[0].tolist() == []
+    with pytest.warns(RuntimeWarning, match=r"2 passes are missing \(rows \[first, stop\) per layer: 0: \[0, 2\)\)"):
+        assert turbospark.load(path).trace[0].tolist() == [[3]]
 
 
 def _serving(hist: Any) -> None:

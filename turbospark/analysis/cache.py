@@ -51,6 +51,7 @@ import numpy as np
 
 from .capture import Capture
 from .capture_sequences import serving_iterations
+from .trace_sums import layer_breaks
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -324,7 +325,20 @@ def _layer_predictions(capture: Capture, layer: int) -> Optional[np.ndarray]:
 
 
 def _streams(capture: Capture, layer: int, shared: bool, batch: Optional[int]) -> list[np.ndarray]:
-    """The pass indices of each cache of ``layer``, in serving order."""
+    """The pass indices of each cache of ``layer``, in serving order; a gap in a streamed capture's rows
+    (``layer_breaks``) ends every cache there, as if the rows on each side were two captures."""
+    streams = _unbroken_streams(capture, layer, shared, batch)
+    breaks = np.asarray(layer_breaks(capture, layer), dtype=np.int64)
+    if not breaks.size:
+        return streams
+    out = []
+    for stream in streams:
+        piece = np.searchsorted(breaks, stream, side="right")
+        out.extend(stream[piece == p] for p in np.unique(piece).tolist())
+    return out
+
+
+def _unbroken_streams(capture: Capture, layer: int, shared: bool, batch: Optional[int]) -> list[np.ndarray]:
     passes = capture.trace[layer].shape[0] if capture.trace is not None else 0
     seq = capture.seq[layer] if capture.seq is not None else None
     if seq is None or (shared and batch is None):

@@ -47,7 +47,8 @@ Sequences = tuple[list[np.ndarray], list[np.ndarray]]
 def layer_passes(capture: Capture) -> list[int]:
     """Passes per layer: the trace's rows, or counts total / top_k without a trace."""
     if capture.trace is not None:
-        return [int(ids.shape[0]) for ids in capture.trace]
+        # Without building a streamed capture's layers.
+        return [layer_rows(capture.trace, layer) for layer in range(len(capture.trace))]
     k = capture.top_k
     return [int(total) // k if k else 0 for total in capture.totals.tolist()]
 

@@ -52,14 +52,16 @@ counts only, as the flat merge is).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from .capture_sequences import Sequences, layer_passes
+from . import trace_sums
+from .trace_sums import layer_rows
 from .capture import Capture, Request, logits_json, requests_key
 
-__all__ = ["check_mergeable", "dropped_sequences", "merge_captures", "sequence_width"]
+__all__ = ["check_mergeable", "dropped_sequences", "merge_captures", "merged_pieces", "sequence_width"]
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 
@@ -72,30 +74,87 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
     that would shift, sequence ids or summed counts beyond int64, counts-only
     tags that would not match the summed passes).
     """
+    return "".join(merged_pieces(inputs))
+
+
+def merged_pieces(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> Iterator[str]:
+    """``merge_captures``' text in pieces of at most ``CHUNK_PASSES`` rows of one layer, for writing as they come:
+    the memory of a merge of streamed captures is then a chunk, not the merged capture. Checks everything (and
+    raises what ``merge_captures`` raises) before it returns."""
     _check(inputs)
-    first_name, first, _ = inputs[0]
+    first = inputs[0][1]
     with_sequences = first.trace is not None or all(_tagged(c, seqs is not None) for _, c, seqs in inputs)
     # Everything that can fail is computed before the text is assembled.
     counts = _summed(inputs)
-    seq_phase = _sequences(inputs, counts) if with_sequences else None
+    tags = _sequences(inputs, counts) if with_sequences else None
+    return _pieces(inputs, counts, tags)
+
+
+def _pieces(inputs: list[tuple[str, Capture, Optional[Sequences]]], counts: np.ndarray,
+            tags: Optional[list[tuple[Optional[Sequences], int, list[int]]]]) -> Iterator[str]:
+    first = inputs[0][1]
     captures = [capture for _, capture, _ in inputs]
-    parts = [f'{{"num_layers":{first.num_layers},"num_experts":{first.num_experts},"top_k":{first.top_k}',
-             f',"counts":{_rows(list(counts))}']
+    yield (f'{{"num_layers":{first.num_layers},"num_experts":{first.num_experts},"top_k":{first.top_k}'
+           f',"counts":{_rows(list(counts))}')
     if first.trace is not None:
-        parts.append(f',"trace":{_rows(_joined([c.trace for c in captures], first.num_layers))}')
+        yield ',"trace":'
+        yield from _joined_rows([(c.trace, None, 0) for c in captures], first.num_layers)
     if first.pred is not None:
-        parts.append(f',"pred":{_rows(_joined([c.pred for c in captures], first.num_layers))}')
+        yield ',"pred":'
+        yield from _joined_rows([(c.pred, None, 0) for c in captures], first.num_layers)
     if first.router_logits is not None:
-        parts.append(logits_json(first.router_logits))
-    if seq_phase is not None:
-        seq, phase = seq_phase
-        parts.append(f',"seq":{_rows(seq)},"phase":{_rows(phase)}')
+        yield logits_json(first.router_logits)
+    if tags is not None:
+        yield ',"seq":'
+        yield from _joined_rows([(seqs[0] if seqs is not None else None, _SEQ_DEFAULT, offset)
+                                 for seqs, offset, _ in tags], first.num_layers, [n for *_, n in tags])
+        yield ',"phase":'
+        yield from _joined_rows([(seqs[1] if seqs is not None else None, _PHASE_DEFAULT, 0) for seqs, _, _ in tags],
+                                first.num_layers, [n for *_, n in tags])
     if first.pilot_distance is not None:
-        parts.append(f',"pilot_distance":[{",".join(map(str, first.pilot_distance))}]')
-    if seq_phase is not None and first.requests is not None:
-        parts.append(_requests_key(captures))
-    parts.append("}")
-    return "".join(parts)
+        yield f',"pilot_distance":[{",".join(map(str, first.pilot_distance))}]'
+    if tags is not None and first.requests is not None:
+        yield _requests_key(captures)
+    yield "}"
+
+
+# What an input without sequence information contributes per pass: sequence 0 (plus its offset), decode.
+_SEQ_DEFAULT, _PHASE_DEFAULT = 0, 1
+
+
+def _joined_rows(parts: list[tuple[Any, Optional[int], int]], num_layers: int,
+                 passes: Optional[list[list[int]]] = None) -> Iterator[str]:
+    """``_rows`` of each layer's rows of every part one after the other, a chunk at a time.
+
+    A part is (rows per layer, or None: ``default`` for each of the input's ``passes[i][layer]`` passes,
+    default, offset added to every value)."""
+    yield "["
+    for layer in range(num_layers):
+        yield "," if layer else ""
+        yield "["
+        written = False
+        for index, (rows, default, offset) in enumerate(parts):
+            count = layer_rows(rows, layer) if rows is not None else passes[index][layer]  # type: ignore[index]
+            chunk = trace_sums.CHUNK_PASSES
+            for lo in range(0, count, chunk):
+                hi = min(count, lo + chunk)
+                if rows is None:
+                    values = np.full(hi - lo, default, dtype=np.int64)
+                else:
+                    piece = getattr(rows, "row_range", None)
+                    values = np.asarray(piece(layer, lo, hi) if piece is not None else rows[layer][lo:hi])
+                    values = values.reshape(-1)
+                if not values.size:
+                    continue
+                if offset:
+                    values = values.astype(np.int64) + offset
+                yield ("," if written else "") + ",".join(map(str, values.tolist()))
+                written = True
+            release = getattr(rows, "release", None)
+            if release is not None:
+                release()
+        yield "]"
+    yield "]"
 
 
 def dropped_sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> Optional[list[str]]:
@@ -153,10 +212,6 @@ def _distance(c: Capture) -> str:
 
 def _shape(c: Capture) -> str:
     return f"{c.num_layers} layers x {c.num_experts} experts, top-{c.top_k}"
-
-
-def _joined(rows: list, num_layers: int) -> list[np.ndarray]:
-    return [np.concatenate([r[layer].reshape(-1) for r in rows]) for layer in range(num_layers)]
 
 
 def _summed(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> np.ndarray:
@@ -220,25 +275,25 @@ def _check_tag_count(first: Capture, counts: np.ndarray, held: list[int]) -> Non
 
 
 def _sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]],
-               counts: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+               counts: np.ndarray) -> list[tuple[Optional[Sequences], int, list[int]]]:
+    """Per input: its (seq, phase) or None (its passes read as sequence 0, decode), its sequence-id offset,
+    and its passes per layer; raises when the ids or the tags' count would not fit."""
     offset = 0
-    seq_parts, phase_parts = [], []
+    out = []
     for name, capture, seqs in inputs:
         _check_map(name, capture, seqs is not None)
         passes = layer_passes(capture)
         if seqs is None:
-            seq = [np.zeros(n, dtype=np.int64) for n in passes]
-            phase = [np.ones(n, dtype=np.int64) for n in passes]
+            width = len(capture.requests) if capture.requests is not None else (1 if any(passes) else 0)
         else:
-            seq, phase = seqs
-        width = input_width(capture, seq)
-        seq_parts.append([row + offset for row in seq])
-        phase_parts.append(phase)
+            width = input_width(capture, seqs[0])
+        out.append((seqs, offset, passes if seqs is None else [layer_rows(seqs[0], layer)
+                                                                for layer in range(len(passes))]))
         offset = _shifted(name, offset, width)
     first = inputs[0][1]
     layers = len(first.counts)
-    _check_tag_count(first, counts, [sum(int(part[layer].shape[0]) for part in seq_parts) for layer in range(layers)])
-    return _joined(seq_parts, layers), _joined(phase_parts, layers)
+    _check_tag_count(first, counts, [sum(held[layer] for _, _, held in out) for layer in range(layers)])
+    return out
 
 
 def input_width(capture: Capture, seq: list[np.ndarray]) -> int:

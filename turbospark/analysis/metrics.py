@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from .capture import Capture
-from .trace_sums import layer_rows, run_sums, trace_values
+from .trace_sums import layer_breaks, layer_rows, run_sums, trace_values
 
 __all__ = [
     "COVERAGE_FRACTIONS",
@@ -96,7 +96,7 @@ def analyze(
             recounts.append(recount)
         elif trace is not None:
             guesses = capture.pred if layer > 0 else None
-            sums = run_sums(trace, guesses, layer, e, k, window_sizes, cache_sizes)
+            sums = run_sums(trace, guesses, layer, e, k, window_sizes, cache_sizes, layer_breaks(capture, layer))
             entry.update(trace_values(sums, window_sizes, cache_sizes, guesses is not None))
             recounts.append(sums["counts"])
         layers.append(entry)

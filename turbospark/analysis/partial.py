@@ -25,7 +25,7 @@ import numpy as np
 from .capture import Capture
 from .metrics import _passes, coverage, entropy_bits
 from .sequences import PHASE_NAMES
-from .trace_sums import run_sums, runs_of, sequence_sums, trace_values
+from .trace_sums import layer_breaks, run_sums, runs_of, sequence_sums, tagged_sums, trace_values
 
 __all__ = ["Group", "LayerPart", "layer_part", "layer_entry", "trace_mismatch"]
 
@@ -97,7 +97,7 @@ def layer_part(capture: Capture, layer: int, windows: Sequence[int], caches: Seq
     pred = capture.pred if layer > 0 else None
     if not tagged:
         # One run, all decode: the pooled view and the decode view are the same sums.
-        sums = run_sums(capture.trace, pred, layer, e, k, windows, caches)
+        sums = run_sums(capture.trace, pred, layer, e, k, windows, caches, layer_breaks(capture, layer))
         passes = int(sums["counts"].sum()) // k if k else 0
         kept = np.asarray(sums["counts"], dtype=np.int64)
         return LayerPart(counts, kept, passes, dropped, Group(passes, sums),
@@ -105,18 +105,13 @@ def layer_part(capture: Capture, layer: int, windows: Sequence[int], caches: Seq
                                                            runs_of(np.zeros(0, np.int64), None), e, k, windows,
                                                            caches)),
                           "decode": Group(passes, dict(sums))})
-    seq, phase = capture.seq[layer], capture.phase[layer]  # type: ignore[index]
-    ids = capture.trace[layer]
-    guess = capture.pred[layer] if pred is not None and capture.pred is not None else None
-
-    def group(keep: Optional[np.ndarray]) -> Group:
-        runs = runs_of(seq, keep)
-        return Group(int(runs[0].shape[0]), sequence_sums(ids, guess, runs, e, k, windows, caches))
-
-    pooled = group(None)
+    groups = [Group(passes, sums) for passes, sums in
+              tagged_sums(capture.trace, pred, capture.seq, capture.phase, layer, e, k, windows, caches,
+                          layer_breaks(capture, layer))]
+    pooled = groups[0]
     kept = np.asarray(pooled.sums["counts"], dtype=np.int64)  # type: ignore[index]
-    views = {name: group(phase == code) for code, name in enumerate(PHASE_NAMES)}
-    return LayerPart(counts, kept, int(ids.shape[0]), dropped, pooled, views)
+    views = {name: groups[1 + code] for code, name in enumerate(PHASE_NAMES)}
+    return LayerPart(counts, kept, pooled.passes, dropped, pooled, views)
 
 
 def _untagged_passes(capture: Capture, layer: int) -> int:

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .capture import Capture
-from .trace_sums import runs_of, sequence_sums, trace_values
+from .trace_sums import CHUNK_PASSES, layer_breaks, layer_rows, tagged_sums, trace_values
 
 __all__ = ["PHASE_NAMES", "layer_and_counts", "layer_by_sequence", "sequence_ids", "split"]
 
@@ -35,8 +35,22 @@ def sequence_ids(capture: Capture) -> list[int]:
     """The distinct sequence ids of a capture, ascending (empty without sequence information)."""
     if capture.seq is None:
         return []
-    rows = [row for row in capture.seq if row.size]
-    return np.unique(np.concatenate(rows)).tolist() if rows else []
+    # A layer's ids a chunk at a time (a streamed layer is never built whole): memory is the distinct ids.
+    found = np.zeros(0, dtype=np.int64)
+    for layer in range(len(capture.seq)):
+        passes = layer_rows(capture.seq, layer)
+        for lo in range(0, passes, CHUNK_PASSES):
+            chunk = _seq_range(capture.seq, layer, lo, min(passes, lo + CHUNK_PASSES))
+            found = np.union1d(found, np.unique(chunk))
+        release = getattr(capture.seq, "release", None)
+        if release is not None:
+            release()
+    return found.tolist()
+
+
+def _seq_range(seq: Any, layer: int, lo: int, hi: int) -> np.ndarray:
+    piece = getattr(seq, "row_range", None)
+    return np.asarray(piece(layer, lo, hi) if piece is not None else seq[layer][lo:hi], dtype=np.int64)
 
 
 def layer_by_sequence(
@@ -59,33 +73,28 @@ def layer_and_counts(
 ) -> tuple[dict[str, Any], Optional[np.ndarray]]:
     """``layer_by_sequence`` and the layer's counts recomputed from its trace (None without a trace)."""
     assert capture.seq is not None and capture.phase is not None
-    seq, phase = capture.seq[layer], capture.phase[layer]
-    pooled, counts = _metrics(capture, layer, runs_of(seq, None), windows, caches)
+    # Predictions align with passes by index, over their common prefix.
+    pred = capture.pred if layer > 0 and capture.pred is not None else None
+    views = tagged_sums(capture.trace, pred, capture.seq, capture.phase, layer, capture.num_experts,
+                        capture.top_k, windows, caches, layer_breaks(capture, layer))
+    (pooled, counts), *phases = [_metrics(passes, sums, windows, caches, pred is not None) for passes, sums in views]
     del pooled["passes"]
-    pooled["phases"] = {
-        name: _metrics(capture, layer, runs_of(seq, phase == code), windows, caches)[0]
-        for code, name in enumerate(PHASE_NAMES)
-    }
+    pooled["phases"] = {name: phases[code][0] for code, name in enumerate(PHASE_NAMES)}
     return pooled, counts
 
 
-def _metrics(
-    capture: Capture, layer: int, runs: tuple[np.ndarray, np.ndarray], windows: Sequence[int],
-    caches: Sequence[int],
-) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+def _metrics(passes: int, sums: Optional[dict[str, Any]], windows: Sequence[int], caches: Sequence[int],
+             pilot: bool) -> tuple[dict[str, Any], Optional[np.ndarray]]:
     out: dict[str, Any] = {
-        "passes": int(runs[0].shape[0]),
+        "passes": passes,
         "window_distinct": None,
         "reuse": None,
         "pilot_recall": None,
         "pilot_exact": None,
     }
-    if capture.trace is None:
+    if sums is None:
         return out, None
-    # Predictions align with passes by index, over their common prefix.
-    pred = capture.pred[layer] if layer > 0 and capture.pred is not None else None
-    sums = sequence_sums(capture.trace[layer], pred, runs, capture.num_experts, capture.top_k, windows, caches)
-    out.update(trace_values(sums, windows, caches, pred is not None))
+    out.update(trace_values(sums, windows, caches, pilot))
     return out, sums["counts"]
 
 

@@ -10,7 +10,11 @@ and memory grows with what the caller touches.
 Recovery: frames are read up to the first one that is cut short or fails its
 checksum; nothing after it is read. Each layer's rows are then its frames
 sorted by their first row (chunks two threads took close together may sit in
-either order), up to the first gap (a failed write). Frames
+either order); a gap between two frames (a failed write) is kept as a gap:
+the rows after it are kept, ``StreamInfo.missing`` says which rows are not
+there, and the analysis ends every run at the gap (``StreamInfo.breaks``).
+Predictions keep the rows whose passes are kept, so that they still line up
+with the passes by index. Frames
 the summary covers were made durable before the summary was written, so
 their checksums are verified only with ``verify=True``; every frame beyond
 (written after the last checkpoint, before a crash) is verified. When the
@@ -58,7 +62,13 @@ class StreamInfo:
     frames not used because rows before them are missing (a failed write);
     ``unmapped_passes``: per layer, passes recovered beyond the summary that
     were dropped because their sequence ids are not in its ``requests`` map
-    (they began after the last checkpoint), or None without a map.
+    (they began after the last checkpoint), or None without a map;
+    ``missing`` / ``missing_predictions``: per layer, the ``(first, stop)``
+    ranges of rows (in the layer's own row indices, as recorded) that are not
+    in the capture: lost to a failed write, or counted by the summary and cut
+    off the file. The capture's rows of a layer are its rows outside those
+    ranges, in order (predictions also leave out the rows of missing passes,
+    and stop at a missing prediction of a kept pass, so that they line up).
     """
 
     path: str
@@ -70,6 +80,18 @@ class StreamInfo:
     missing_passes: np.ndarray
     stranded_frames: int = 0
     unmapped_passes: Optional[np.ndarray] = None
+    missing: tuple[tuple[tuple[int, int], ...], ...] = ()
+    missing_predictions: tuple[tuple[tuple[int, int], ...], ...] = ()
+
+    def breaks(self, layer: int) -> list[int]:
+        """Positions in the capture's rows of ``layer`` where rows resume after a gap (ascending): the
+        analysis starts a new run at each (a window, a transition or a cache never spans a gap)."""
+        out, before = [], 0
+        for first, stop in (self.missing[layer] if self.missing else ()):
+            if first - before > 0 and (not out or out[-1] != first - before):
+                out.append(first - before)  # the kept rows before this gap (a gap after the last is no break)
+            before += stop - first
+        return out
 
 
 class LayerRows(Sequence):  # type: ignore[type-arg]
@@ -149,13 +171,14 @@ class LayerRows(Sequence):  # type: ignore[type-arg]
 
 
 class _Segment:
-    __slots__ = ("offset", "rows", "tagged", "span")
+    __slots__ = ("offset", "rows", "tagged", "span", "first")
 
-    def __init__(self, offset: int, rows: int, tagged: bool, span: Optional[int] = None) -> None:
+    def __init__(self, offset: int, rows: int, tagged: bool, span: Optional[int] = None, first: int = 0) -> None:
         self.offset = offset  # of the payload
         self.rows = rows  # the rows used: the frame's first ``rows``
         self.tagged = tagged
         self.span = rows if span is None else span  # the rows the frame holds (its columns' layout)
+        self.first = first  # the layer's row index of the first row used
 
 
 def _stream_field(fields: dict[str, Any], num_layers: int) -> dict[str, Any]:
@@ -235,22 +258,32 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
             break
         width = frame.width
         found[frame.kind][frame.layer].append((frame.first, _Segment(offset + fmt.FRAME_HEADER_SIZE, frame.rows,
-                                                                     tagged)))
+                                                                     tagged, first=frame.first)))
         frames += 1
         offset = end
     if can_release:
         data.madvise(mmap.MADV_DONTNEED)
-    (passes, on_disk, stranded), (preds, pred_rows, stranded_preds) = (_ordered(found[0]), _ordered(found[1]))
+    (passes, stranded), (preds, stranded_preds) = _ordered(found[0]), _ordered(found[1])
     stated = np.array(stream["passes"], dtype=np.int64)
     requests = base.requests
     unmapped = None
     if requests is not None:
         unmapped = _drop_unmapped(file, passes, stated, len(requests))
-        on_disk = on_disk - unmapped
-    recovered = np.maximum(on_disk - stated, 0)
-    missing = np.maximum(stated - on_disk, 0)
+    gaps = [_gaps(segments, int(stated[layer])) for layer, segments in enumerate(passes)]
+    stated_preds = stream.get("predictions")
+    pred_gaps = [_gaps(segments, int(stated_preds[layer]) if stated_preds is not None else 0)
+                 for layer, segments in enumerate(preds)]
+    preds = [_aligned(segments, holes, pred_holes, width * header.id_bytes)
+             for segments, holes, pred_holes in zip(preds, gaps, pred_gaps)]
+    on_disk = np.array([sum(s.rows for s in segments) for segments in passes], dtype=np.int64)
+    pred_rows = np.array([sum(s.rows for s in segments) for segments in preds], dtype=np.int64)
+    ends = np.array([segments[-1].first + segments[-1].rows if segments else 0 for segments in passes], dtype=np.int64)
+    recovered = np.maximum(ends - stated, 0)
+    missing = np.array([sum(min(stop, int(stated[layer])) - first for first, stop in holes if first < stated[layer])
+                        for layer, holes in enumerate(gaps)], dtype=np.int64)
     info = StreamInfo(sidecar, dtype, frames, offset, file_size - offset, recovered, missing,
-                      stranded + stranded_preds, unmapped)
+                      stranded + stranded_preds, unmapped, tuple(tuple(h) for h in gaps),
+                      tuple(tuple(h) for h in pred_gaps))
 
     release = (lambda: data.madvise(mmap.MADV_DONTNEED)) if can_release else None
     # Frames the summary covers are not checksummed by default: a value out of range in one is refused
@@ -265,12 +298,20 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
             if stream.get("predictions") is not None else None)
     seq = phase = None
     if any(segment.tagged for layer in passes for segment in layer):
+        # Read a chunk at a time by the analysis, as the trace is, and their pages handed back with it.
         seq = LayerRows(num_layers,
-                        lambda layer: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0)))
+                        lambda layer: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0)),
+                        lambda layer, lo, hi: check.seq(layer, _tags(file, passes[layer], header.id_bytes, width, 0,
+                                                                     lo, hi)),
+                        on_disk.tolist(), release)
         phase = LayerRows(num_layers,
-                          lambda layer: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width, 1)))
+                          lambda layer: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width, 1)),
+                          lambda layer, lo, hi: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width,
+                                                                         1, lo, hi)),
+                          on_disk.tolist(), release)
     counts = base.counts
-    stale = np.flatnonzero((on_disk != stated) | (missing > 0)).tolist()
+    stale = np.flatnonzero((on_disk != stated) | (missing > 0)
+                           | np.array([bool(holes) for holes in gaps], dtype=bool)).tolist()
     if stale:
         counts = counts.copy()
         for layer in stale:
@@ -332,8 +373,8 @@ def _drop_unmapped(file: "_Sidecar", passes: list[list[_Segment]], stated: np.nd
     """
     dropped = np.zeros(len(passes), dtype=np.int64)
     for layer, segments in enumerate(passes):
-        start = 0
         for index, s in enumerate(segments):
+            start = s.first
             end = start + s.rows
             if end > stated[layer]:
                 if s.tagged:
@@ -348,9 +389,8 @@ def _drop_unmapped(file: "_Sidecar", passes: list[list[_Segment]], stated: np.nd
                     dropped[layer] = sum(t.rows for t in segments[index:]) - keep
                     del segments[index:]
                     if keep:
-                        segments.append(_Segment(s.offset, keep, s.tagged, s.span))
+                        segments.append(_Segment(s.offset, keep, s.tagged, s.span, s.first))
                     break
-            start = end
     return dropped
 
 
@@ -366,23 +406,66 @@ def _check_run(path: str, run: Optional[str], sidecar: str, header_run: bytes) -
                          "read together they would mix two runs")
 
 
-def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segment]], np.ndarray, int]:
-    """Per layer, its frames in row order up to the first gap (two threads' chunks may land in either
-    order); with the rows they hold per layer, and how many frames were left out after a gap."""
-    layers, rows, stranded = [], [], 0
+def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segment]], int]:
+    """Per layer, its frames in row order (two threads' chunks may land in either order), gaps kept;
+    and how many frames were left out because they overlap rows an earlier frame holds (a frame whose
+    ``first`` is damaged: no writer writes a row twice)."""
+    layers, stranded = [], 0
     for frames in found:
         frames.sort(key=lambda item: item[0])
         kept: list[_Segment] = []
         next_row = 0
         for first, segment in frames:
-            if first != next_row:
-                break
+            if first < next_row:
+                stranded += 1
+                continue
             kept.append(segment)
-            next_row += segment.rows
-        stranded += len(frames) - len(kept)
+            next_row = first + segment.rows
         layers.append(kept)
-        rows.append(next_row)
-    return layers, np.array(rows, dtype=np.int64), stranded
+    return layers, stranded
+
+
+def _gaps(segments: list[_Segment], stated: int) -> list[tuple[int, int]]:
+    """The ``(first, stop)`` row ranges a layer's frames leave out, up to ``stated`` rows or the last frame."""
+    holes, next_row = [], 0
+    for s in segments:
+        if s.first > next_row:
+            holes.append((next_row, s.first))
+        next_row = s.first + s.rows
+    if stated > next_row:
+        holes.append((next_row, stated))
+    return holes
+
+
+def _aligned(segments: list[_Segment], holes: list[tuple[int, int]],
+             pred_holes: list[tuple[int, int]], row_bytes: int) -> list[_Segment]:
+    """A layer's prediction frames cut to the rows whose passes are kept (``holes``: the passes' missing
+    ranges), up to the first missing prediction of a kept pass: the predictions then line up with the
+    kept passes by index (prediction p is pass p's), over their common prefix."""
+    if not holes and not pred_holes:
+        return segments
+    covered = np.array(holes, dtype=np.int64).reshape(-1, 2)
+    stop = None
+    for first, end in pred_holes:
+        # The first row of this hole not in a missing pass's range, if any.
+        row = first
+        for a, b in covered.tolist():
+            if a <= row < b:
+                row = b
+        if row < end:
+            stop = row
+            break
+    out = []
+    for s in segments:
+        lo, hi = s.first, s.first + s.rows if stop is None else min(s.first + s.rows, stop)
+        cuts = [(a, b) for a, b in covered.tolist() if a < hi and b > lo]
+        at = lo
+        for a, b in cuts + [(hi, hi)]:
+            if a > at:
+                # Predictions are never tagged: a row is ``width`` ids, so the rows' bytes are contiguous.
+                out.append(_Segment(s.offset + (at - s.first) * row_bytes, a - at, False, first=at))
+            at = max(at, b)
+    return out
 
 
 class _Sidecar:
@@ -448,25 +531,32 @@ def _ids(file: _Sidecar, segments: list[_Segment], dtype: np.dtype, width: int, 
     return file.gather(pieces, dtype).reshape(-1, width)
 
 
-def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, column: int) -> np.ndarray:
-    """A layer's seq (column 0, int64) or phase (column 1, uint8) column; untagged frames read as the defaults."""
+def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, column: int, lo: int = 0,
+          hi: Optional[int] = None) -> np.ndarray:
+    """A layer's seq (column 0, int64) or phase (column 1, uint8) column, rows ``lo:hi`` (default: all);
+    untagged frames read as the defaults."""
     dtype = np.dtype("<i8") if column == 0 else np.dtype("u1")
-
-    def column_at(s: _Segment) -> tuple[int, int]:
-        # A tagged frame's payload: the seq column, the ids, then the phase column.
-        return (s.offset if column == 0 else s.offset + s.span * 8 + (s.span * width * id_bytes)), s.rows
-
-    if all(s.tagged for s in segments) and segments:
-        return file.gather([column_at(s) for s in segments], dtype)
-    parts = []
+    # Per frame holding rows of lo:hi: (where its first wanted entry is, or None untagged; how many).
+    pieces: list[tuple[Optional[int], int]] = []
+    start = 0
     for s in segments:
-        if not s.tagged:
-            parts.append(np.full(s.rows, 0 if column == 0 else 1, dtype=dtype))
-        else:
-            parts.append(file.gather([column_at(s)], dtype))
+        first, last = max(lo, start), s.rows + start if hi is None else min(hi, start + s.rows)
+        if first < last:
+            # A tagged frame's payload: the seq column, the ids, then the phase column.
+            base = s.offset if column == 0 else s.offset + s.span * (8 + width * id_bytes)
+            pieces.append((base + (first - start) * dtype.itemsize if s.tagged else None, last - first))
+        start += s.rows
+    if pieces and all(at is not None for at, _ in pieces):
+        return file.gather([(at, count) for at, count in pieces], dtype)  # type: ignore[misc]
+    parts = [np.full(count, 0 if column == 0 else 1, dtype=dtype) if at is None else file.gather([(at, count)], dtype)
+             for at, count in pieces]
     if not parts:
         return np.zeros(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _ranges(holes: dict[int, list[tuple[int, int]]]) -> str:
+    return ", ".join(f"{layer}: " + " ".join(f"[{a}, {b})" for a, b in ranges) for layer, ranges in holes.items())
 
 
 def _warn(sidecar: str, info: StreamInfo, *, recomputed: bool) -> None:
@@ -478,7 +568,13 @@ def _warn(sidecar: str, info: StreamInfo, *, recomputed: bool) -> None:
         said.append(f"{int(info.recovered_passes.sum())} passes beyond the last checkpoint were recovered "
                     f"(per layer {info.recovered_passes.tolist()})")
     if info.stranded_frames:
-        said.append(f"{info.stranded_frames} whole frames follow a gap in their layer's rows and were not used")
+        said.append(f"{info.stranded_frames} whole frames hold rows an earlier frame holds (a damaged frame "
+                    "header) and were not used")
+    holes = {layer: list(ranges) for layer, ranges in enumerate(info.missing) if ranges}
+    if holes:
+        said.append(f"{sum(b - a for r in holes.values() for a, b in r)} passes are missing (rows [first, stop) "
+                    f"per layer: {_ranges(holes)}); the rows after a gap are kept, and the analysis ends each run "
+                    "at a gap (capture.stream.missing, .breaks)")
     if info.unmapped_passes is not None and info.unmapped_passes.any():
         said.append(f"{int(info.unmapped_passes.sum())} recovered passes of sequences the requests map does not "
                     f"describe (begun after the last checkpoint) were dropped (per layer "

@@ -16,8 +16,12 @@ An untagged layer is one run, fed in chunks of ``CHUNK_PASSES`` passes (the
 kernel carries the window, reuse and cache state across chunks), so its
 memory is a chunk, whatever the layer's length; a streamed capture's pages
 are handed back to the kernel after each chunk. A layer with sequence tags
-is fed as runs (each sequence's passes in pass order), which takes the
-layer's ids, tags and an int64 pass order in memory.
+is fed as runs (each sequence's passes in pass order), also chunk by chunk
+(``tagged_sums``): a run that starts and ends within a chunk goes to the
+layer's accumulator with the chunk's others in one call, a run that crosses
+a chunk's end keeps an accumulator of its own until its last pass. Its
+memory is then a chunk, an accumulator per sequence in flight at a chunk's
+end, and 16 bytes per distinct sequence (its last pass), not the layer.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CHUNK_PASSES", "backend", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "trace_values"]
+__all__ = ["CHUNK_PASSES", "backend", "layer_breaks", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
+           "trace_values"]
 
 # 256 Ki passes: 2 MiB of a uint8 top-8 trace, 16 MiB as int64; large enough
 # that the per-chunk Python cost vanishes, small enough to bound memory.
@@ -69,6 +74,20 @@ def layer_rows(rows: Any, layer: int) -> int:
     return int(count(layer)) if count is not None else int(rows[layer].shape[0])
 
 
+def layer_breaks(capture: Any, layer: int) -> list[int]:
+    """Where the rows of ``capture``'s layer ``layer`` break: the row indices (ascending, inside the layer)
+    at which a streamed capture's rows resume after a gap (a failed write); empty for any other capture.
+    A break is a sequence's end and a new one's start for every metric of consecutive passes."""
+    stream = getattr(capture, "stream", None)
+    return [] if stream is None else stream.breaks(layer)
+
+
+def _pieces(passes: int, breaks: Sequence[int]) -> list[tuple[int, int]]:
+    """The (start, stop) row ranges of a layer of ``passes`` rows cut at ``breaks``."""
+    bounds = [0] + [b for b in breaks if 0 < b < passes] + [passes]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def _row_range(rows: Any, layer: int, lo: int, hi: int) -> np.ndarray:
     piece = getattr(rows, "row_range", None)
     return piece(layer, lo, hi) if piece is not None else rows[layer][lo:hi]
@@ -82,18 +101,20 @@ def _release(rows: Any) -> None:
 
 def run_sums(
     trace: Any, pred: Optional[Any], layer: int, num_experts: int, top_k: int,
-    windows: Sequence[int], caches: Sequence[int],
+    windows: Sequence[int], caches: Sequence[int], breaks: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """The sums of layer ``layer`` of ``trace`` as one run (``pred``: the predictions, or None), chunk by chunk."""
+    """The sums of layer ``layer`` of ``trace`` as one run (``pred``: the predictions, or None), chunk by chunk;
+    ``breaks`` (``layer_breaks``) end the run there and start another."""
     sums = new_sums(num_experts, top_k, windows, caches)
     passes = layer_rows(trace, layer)
     guessed = layer_rows(pred, layer) if pred is not None else 0
-    for lo in range(0, passes, CHUNK_PASSES):
-        hi = min(passes, lo + CHUNK_PASSES)
-        guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
-        sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
-        _release(trace)
-    sums.end_run()
+    for start, stop in _pieces(passes, breaks):
+        for lo in range(start, stop, CHUNK_PASSES):
+            hi = min(stop, lo + CHUNK_PASSES)
+            guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
+            sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
+            _release(trace)
+        sums.end_run()
     return sums.sums()
 
 
@@ -116,6 +137,126 @@ def sequence_sums(
     order, starts = runs
     sums.add_runs(_ready(ids), None if pred is None else _ready(pred), order, starts)
     return sums.sums()
+
+
+def _add_sums(total: Optional[dict[str, Any]], part: dict[str, Any]) -> dict[str, Any]:
+    """``total`` plus ``part`` (``sums()`` dicts): every sum is an integer, so the order of runs is free."""
+    if total is None:
+        return part
+    out: dict[str, Any] = {}
+    for key, value in total.items():
+        other = part[key]
+        out[key] = value + other if isinstance(value, (int, np.ndarray)) else [a + b for a, b in zip(value, other)]
+    return out
+
+
+def _last_passes(seq: Any, phase: Any, layer: int, start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per view (every pass, then the prompt passes, then the decode ones): the distinct sequence ids of the
+    layer's rows ``start:stop``, ascending, and the index of each one's last pass in that view, read chunk by chunk."""
+    views = [(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in range(3)]
+    for lo in range(start, stop, CHUNK_PASSES):
+        hi = min(stop, lo + CHUNK_PASSES)
+        ids = np.asarray(_row_range(seq, layer, lo, hi), dtype=np.int64)
+        codes = np.asarray(_row_range(phase, layer, lo, hi))
+        for view, keep in enumerate((None, codes == 0, codes == 1)):
+            at = np.arange(lo, hi, dtype=np.int64) if keep is None else np.flatnonzero(keep) + lo
+            chunk = ids if keep is None else ids[keep]
+            if not chunk.size:
+                continue
+            # The last occurrence of each id: the first in the reversed chunk.
+            found, first = np.unique(chunk[::-1], return_index=True)
+            last = at[chunk.shape[0] - 1 - first]
+            known, known_last = views[view]
+            merged = np.union1d(known, found)
+            merged_last = np.empty(merged.shape[0], np.int64)
+            merged_last[np.searchsorted(merged, known)] = known_last
+            merged_last[np.searchsorted(merged, found)] = last  # a later chunk's pass is later
+            views[view] = (merged, merged_last)
+        _release(seq)
+    return views
+
+
+def tagged_sums(
+    trace: Any, pred: Optional[Any], seq: Any, phase: Any, layer: int, num_experts: int, top_k: int,
+    windows: Sequence[int], caches: Sequence[int], breaks: Sequence[int] = (),
+) -> list[tuple[int, Optional[dict[str, Any]]]]:
+    """(passes, sums) of a tagged layer: over each sequence's passes, then its prompt passes, then its decode ones.
+
+    Exactly ``sequence_sums`` of ``runs_of`` for each view (the same runs, summed in another order),
+    read ``CHUNK_PASSES`` passes at a time; ``trace`` None gives the pass counts and no sums. ``breaks``
+    (``layer_breaks``) end every sequence's run there: the rows on each side are summed as separate captures.
+    """
+    out: Optional[list[tuple[int, Optional[dict[str, Any]]]]] = None
+    for start, stop in _pieces(layer_rows(seq, layer), breaks):
+        piece = _tagged_piece(trace, pred, seq, phase, layer, num_experts, top_k, windows, caches, start, stop)
+        out = piece if out is None else [
+            (n + m, None if a is None or b is None else _add_sums(a, b)) for (n, a), (m, b) in zip(out, piece)]
+    if out is None:  # no rows: the empty piece's counts and (empty) sums
+        out = _tagged_piece(trace, pred, seq, phase, layer, num_experts, top_k, windows, caches, 0, 0)
+    return out
+
+
+def _tagged_piece(
+    trace: Any, pred: Optional[Any], seq: Any, phase: Any, layer: int, num_experts: int, top_k: int,
+    windows: Sequence[int], caches: Sequence[int], start: int, stop: int,
+) -> list[tuple[int, Optional[dict[str, Any]]]]:
+    """``tagged_sums`` of the layer's rows ``start:stop`` alone."""
+    passes = stop
+    lasts = _last_passes(seq, phase, layer, start, stop) if trace is not None else []
+    counted = [0, 0, 0]
+    whole = [new_sums(num_experts, top_k, windows, caches) if trace is not None else None for _ in range(3)]
+    totals: list[Optional[dict[str, Any]]] = [None, None, None]
+    open_runs: list[dict[int, Any]] = [{}, {}, {}]
+    guessed = layer_rows(pred, layer) if pred is not None else 0
+    for lo in range(start, passes, CHUNK_PASSES):
+        hi = min(passes, lo + CHUNK_PASSES)
+        ids_chunk = np.asarray(_row_range(seq, layer, lo, hi), dtype=np.int64)
+        codes = np.asarray(_row_range(phase, layer, lo, hi))
+        rows = _ready(_row_range(trace, layer, lo, hi)) if trace is not None else None
+        guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if trace is not None and lo < guessed else None
+        for view, keep in enumerate((None, codes == 0, codes == 1)):
+            index = np.arange(hi - lo, dtype=np.int64) if keep is None else np.flatnonzero(keep).astype(np.int64)
+            counted[view] += int(index.shape[0])
+            if rows is None or not index.size:
+                continue
+            ids = ids_chunk[index]
+            order = np.argsort(ids, kind="stable")
+            local = index[order]  # the chunk's passes, by sequence, each sequence's in pass order
+            starts = np.concatenate([[0], np.flatnonzero(np.diff(ids[order])) + 1]).astype(np.int64)
+            bounds = np.append(starts, local.shape[0])
+            group_ids = ids[order][starts]
+            known, last = lasts[view]
+            ends_here = last[np.searchsorted(known, group_ids)] < hi
+            runs = open_runs[view]
+            inside = ends_here & np.array([int(sid) not in runs for sid in group_ids.tolist()], dtype=bool)
+            if inside.any():
+                # Runs wholly within the chunk: one call for all of them.
+                lengths = bounds[1:] - bounds[:-1]
+                picked = local[np.repeat(inside, lengths)]
+                whole[view].add_runs(rows, guess, picked,
+                                     np.concatenate([[0], np.cumsum(lengths[inside])[:-1]]).astype(np.int64))
+            for g in np.flatnonzero(~inside).tolist():
+                sid = int(group_ids[g])
+                part = local[bounds[g]:bounds[g + 1]]
+                sums = runs.get(sid)
+                if sums is None:
+                    sums = runs[sid] = new_sums(num_experts, top_k, windows, caches)
+                aligned = part[part < (guess.shape[0] if guess is not None else 0)]
+                sums.feed(np.ascontiguousarray(rows[part]), None if guess is None else np.ascontiguousarray(guess[aligned]))
+                if ends_here[g]:
+                    sums.end_run()
+                    totals[view] = _add_sums(totals[view], sums.sums())
+                    del runs[sid]
+        _release(trace)
+        _release(seq)
+    out: list[tuple[int, Optional[dict[str, Any]]]] = []
+    for view in range(3):
+        if whole[view] is None:
+            out.append((counted[view], None))
+            continue
+        out.append((counted[view], _add_sums(totals[view], whole[view].sums()) if totals[view] is not None
+                    else whole[view].sums()))
+    return out
 
 
 def _mean_ratio(hist: list[int], width: int) -> Optional[float]:

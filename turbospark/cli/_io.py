@@ -7,9 +7,9 @@ import contextlib
 import contextvars
 import os
 import sys
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
-from ..recording._atomic import write_atomic
+from ..recording._atomic import atomic_output, write_atomic
 from ..analysis.capture import Capture, load
 from ..analysis.capture_sequences import Sequences, sequences
 
@@ -63,6 +63,20 @@ def emit(text: str, output: Optional[str]) -> None:
         return
     try:
         write_atomic(output, text.encode("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
+def emit_pieces(pieces: Iterable[str], output: Optional[str]) -> None:
+    """``emit`` of the text ``pieces`` make, written as they come (a merged capture need not fit in memory)."""
+    if output is None or output == "-":
+        for piece in pieces:
+            sys.stdout.write(piece)
+        return
+    try:
+        with atomic_output(output) as handle:
+            for piece in pieces:
+                handle.write(piece.encode("utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
 

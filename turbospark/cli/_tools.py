@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ._io import UsageError, add_verify, emit, read_capture, run_guarded
+from ._io import UsageError, add_verify, emit, emit_pieces, read_capture, run_guarded
 from ..analysis.compare import compare, compare_lines, geometry_mismatch
 
 __all__ = ["add_commands"]
@@ -54,7 +54,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from ..analysis.merge import dropped_sequences, merge_captures
+    from ..analysis.merge import dropped_sequences, merged_pieces
 
     if len(args.inputs) < 2:
         raise UsageError("merge needs at least two captures")
@@ -62,7 +62,7 @@ def _run_merge(args: argparse.Namespace) -> int:
     for path in args.inputs:
         capture, seqs = read_capture(path, with_sequences=True)
         inputs.append((path, capture, seqs))
-    emit(merge_captures(inputs), args.output)
+    emit_pieces(merged_pieces(inputs), args.output)
     dropped = dropped_sequences(inputs)
     if dropped is not None:
         print(f"turbospark: note: {', '.join(dropped)} hold no sequence tags (seq/phase), so the merged "

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -65,6 +65,7 @@ __all__ = ["DISPATCH", "Routing", "StaticPlan", "dispatch_loads", "known_loads",
 DISPATCH = ("even", "static", "round-robin")
 
 trtllm_block = 1024  # ids per block of moeComputeRouteKernel: 256 threads x 4 items
+_ROUND_ROBIN_CHUNK = 1024 * trtllm_block  # ids the round-robin model handles at once: whole blocks
 SGLANG_SEED = 42  # compute_logical_to_rank_dispatch_physical_map's default seed
 
 STATIC_UNKNOWN = ("per-source-rank loads unknown: give one capture per rank (rank i = file i), "
@@ -88,7 +89,7 @@ class Routing:
     ``steps`` says how the steps were formed."""
 
     counts: np.ndarray
-    traces: Optional[tuple[tuple[np.ndarray, ...], ...]]
+    traces: Optional[tuple["LayerIds", ...]]
     measured: bool
     calls: Optional[tuple[tuple[np.ndarray, ...], ...]] = None
     steps: Optional[str] = None
@@ -97,6 +98,24 @@ class Routing:
     def total(self) -> np.ndarray:
         """(L, E) float64: the counts summed over source ranks."""
         return self.counts.sum(axis=0).astype(np.float64)
+
+
+class LayerIds(Sequence):  # type: ignore[type-arg]
+    """One rank's per-layer (P, K) ids, each read when asked for (only the passes ``masks[layer]`` keeps,
+    with masks): a streamed capture's layers are then never all held at once (issue 25)."""
+
+    def __init__(self, rows: Sequence[Any], masks: Optional[Sequence[np.ndarray]] = None) -> None:
+        self._rows = rows
+        self._masks = masks
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, layer: Any) -> Any:
+        if isinstance(layer, slice):
+            return [self[i] for i in range(*layer.indices(len(self)))]
+        ids = np.asarray(self._rows[layer])
+        return ids if self._masks is None else ids[self._masks[layer]]
 
 
 def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.ndarray]]] = None,
@@ -109,7 +128,7 @@ def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.
     if len(shapes) != 1:
         raise ValueError(f"the per-rank counts differ in shape: {sorted(shapes)}")
     stacked = np.stack([np.asarray(c) for c in counts])
-    kept = None if traces is None else tuple(tuple(np.asarray(ids) for ids in rank) for rank in traces)
+    kept = None if traces is None else tuple(rank if isinstance(rank, LayerIds) else LayerIds(rank) for rank in traces)
     steps_kept = None
     if calls is not None:
         if kept is None:
@@ -307,13 +326,9 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
         for layer in range(layers):
             r = replicas[layer]
             if flow.traces is not None:
-                passes = flow.traces[rank][layer]
-                width = passes.shape[1] if passes.ndim == 2 else 1
-                if flow.calls is None:
-                    ids = passes.reshape(-1).astype(np.int64)
-                    block = np.arange(ids.size) // trtllm_block
-                    group = block
-                else:
+                if flow.calls is not None:
+                    passes = flow.traces[rank][layer]
+                    width = passes.shape[1] if passes.ndim == 2 else 1
                     # One kernel call per step, its passes in recorder order: blocks restart each call.
                     step = flow.calls[rank][layer]
                     by_step = np.argsort(step, kind="stable")
@@ -321,14 +336,29 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
                     call = np.repeat(step[by_step], width)
                     block = (np.arange(ids.size) - np.searchsorted(call, call)) // trtllm_block
                     group = call * (ids.size // trtllm_block + 1) + block
-                key = group * experts + ids
-                sort = np.argsort(key, kind="stable")
-                first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
-                occurrence = np.empty(ids.size, dtype=np.int64)
-                occurrence[sort] = np.arange(ids.size) - first
-                replica = (occurrence + block + offset) % r[ids]
-                slot = order[layer, start[layer, ids] + replica]
-                loads[layer] += np.bincount(slot // per_gpu, minlength=gpus)
+                    key = group * experts + ids
+                    sort = np.argsort(key, kind="stable")
+                    first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
+                    occurrence = np.empty(ids.size, dtype=np.int64)
+                    occurrence[sort] = np.arange(ids.size) - first
+                    replica = (occurrence + block + offset) % r[ids]
+                    slot = order[layer, start[layer, ids] + replica]
+                    loads[layer] += np.bincount(slot // per_gpu, minlength=gpus)
+                    continue
+                flat = flow.traces[rank][layer].reshape(-1)
+                # Whole blocks at a time (a block's replicas depend on that block alone): the int64
+                # temporaries are a chunk's, not the layer's (~8 arrays of 8 bytes per id).
+                for lo in range(0, flat.size, _ROUND_ROBIN_CHUNK):
+                    ids = flat[lo:lo + _ROUND_ROBIN_CHUNK].astype(np.int64)
+                    block = (lo + np.arange(ids.size)) // trtllm_block
+                    key = block * experts + ids
+                    sort = np.argsort(key, kind="stable")
+                    first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
+                    occurrence = np.empty(ids.size, dtype=np.int64)
+                    occurrence[sort] = np.arange(ids.size) - first
+                    replica = (occurrence + block + offset) % r[ids]
+                    slot = order[layer, start[layer, ids] + replica]
+                    loads[layer] += np.bincount(slot // per_gpu, minlength=gpus)
             else:
                 # Slots in (expert, slot) order: the q-th copy of its expert gets the j = (q - g) mod r
                 # occurrences j, j + r, ... of the expert's n tokens.

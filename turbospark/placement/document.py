@@ -57,7 +57,7 @@ import numpy as np
 from ..analysis.capture_sequences import Sequences, split_unit
 from ..analysis.capture import Capture
 from . import Placement, place
-from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, Routing, dispatch_loads,
+from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, LayerIds, Routing, dispatch_loads,
                        round_robin_note, routing)
 from .evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
 from .migrate import align, moved_slots, rebalance
@@ -174,9 +174,10 @@ def _fit_flow(capture: Capture, parts: Split, batch: Optional[int] = None,
         return routing([parts.fit])
     windows: list[Union[slice, np.ndarray]] = ([slice(None)] * capture.num_layers if parts.fit_masks is None
                                                else list(parts.fit_masks))
-    trace = [ids[which] for ids, which in zip(capture.trace, windows)]
     if batch is None:
-        return routing([parts.fit], [trace])
+        return routing([parts.fit], [capture.trace if parts.fit_masks is None
+                                     else LayerIds(capture.trace, parts.fit_masks)])
+    trace = [ids[which] for ids, which in zip(capture.trace, windows)]
     steps = [serving_steps(ids.shape[0], batch, window_sequences(seqs, layer, which))
              for layer, (ids, which) in enumerate(zip(trace, windows))]
     kind = "concurrent sequences" if seqs is not None else "consecutive passes"

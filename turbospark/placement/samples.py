@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Optional, Union
+from collections.abc import Sequence
+from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..analysis.capture_sequences import Sequences, exact_fraction, fit_split
+from ..analysis.capture_sequences import Sequences, exact_fraction, fit_mask
 from ..analysis.capture_sequences import serving_iterations as _continuous_batches
 from ..analysis.capture import Capture
+from ..analysis.trace_sums import layer_rows
 
 __all__ = ["Split", "batch_counts", "serving_steps", "split"]
 
@@ -47,7 +49,7 @@ class Split:
     test: Optional[np.ndarray]
     fit_passes: Optional[list[int]]
     test_passes: Optional[list[int]]
-    fit_masks: Optional[list[np.ndarray]] = None
+    fit_masks: Optional[Sequence[np.ndarray]] = None
     kinds: Optional[list[str]] = None
 
 
@@ -59,7 +61,7 @@ def split(capture: Capture, fit: Optional[Union[float, Fraction]]) -> Split:
     """
     trace = capture.trace
     if fit is None:
-        passes = [int(ids.shape[0]) for ids in trace] if trace is not None else None
+        passes = [layer_rows(trace, layer) for layer in range(len(trace))] if trace is not None else None
         return Split(capture.counts, None, passes, None)
     exact = exact_fraction(fit)
     if not 0 < exact < 1:
@@ -68,12 +70,39 @@ def split(capture: Capture, fit: Optional[Union[float, Fraction]]) -> Split:
         raise ValueError("--fit needs the capture's trace (record with trace=True): "
                          "counts alone do not say which passes came first")
     e = capture.num_experts
-    masks, kinds = fit_split(capture, exact)
-    fit_counts = np.stack([np.bincount(ids[m].ravel(), minlength=e) for ids, m in zip(trace, masks)])
-    test_counts = np.stack([np.bincount(ids[~m].ravel(), minlength=e) for ids, m in zip(trace, masks)])
-    fit_passes = [int(m.sum()) for m in masks]
-    return Split(fit_counts, test_counts, fit_passes,
-                 [int(ids.shape[0]) - n for ids, n in zip(trace, fit_passes)], masks, kinds)
+    fit_counts, test_counts, fit_passes, test_passes, kinds = [], [], [], [], []
+    # A layer at a time, its mask dropped after: the masks are made again when asked for (FitMasks),
+    # so a long capture's split holds no mask per pass of every layer.
+    for layer in range(capture.num_layers):
+        mask, kind = fit_mask(capture, layer, exact)
+        ids = trace[layer]
+        fit_counts.append(np.bincount(ids[mask].ravel(), minlength=e))
+        test_counts.append(np.bincount(ids[~mask].ravel(), minlength=e))
+        fit_passes.append(int(mask.sum()))
+        test_passes.append(int(ids.shape[0]) - fit_passes[-1])
+        kinds.append(kind)
+    return Split(np.stack(fit_counts), np.stack(test_counts), fit_passes, test_passes, FitMasks(capture, exact),
+                 kinds)
+
+
+class FitMasks(Sequence):  # type: ignore[type-arg]
+    """Per layer, ``fit_mask``'s boolean mask over the trace's passes, made when asked for (not kept)."""
+
+    def __init__(self, capture: Capture, fit: Fraction) -> None:
+        self._capture = capture
+        self._fit = fit
+
+    def __len__(self) -> int:
+        return self._capture.num_layers
+
+    def __getitem__(self, layer: Any) -> Any:
+        if isinstance(layer, slice):
+            return [self[i] for i in range(*layer.indices(len(self)))]
+        if layer < 0:
+            layer += len(self)
+        if not 0 <= layer < len(self):
+            raise IndexError(f"layer {layer} out of range for {len(self)} layers")
+        return fit_mask(self._capture, layer, self._fit)[0]
 
 
 def batch_counts(ids: np.ndarray, num_experts: int, batch: int,

@@ -18,7 +18,8 @@ for the lock. No ``fsync`` runs under the lock.
 A chunk is written with one ``pwrite`` at the end of the last whole chunk. A
 failed write (disk full) is cut back off the file, reported once per message
 on stderr, and its rows are counted as lost per layer: the summary says how
-many (``"lost_passes"``), and the frames' ``first`` indices show the gap.
+many (``"lost_passes"``) and exactly which (``"lost_rows"``: per layer, the
+``[first, stop)`` ranges), and the frames' ``first`` indices show the gap.
 """
 
 from __future__ import annotations
@@ -58,6 +59,19 @@ class Written(NamedTuple):
     predictions: list[int]
     lost_passes: list[int]
     lost_predictions: list[int]
+    lost_rows: list[list[tuple[int, int]]] = []
+    lost_prediction_rows: list[list[tuple[int, int]]] = []
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` sorted, adjacent ones joined (a disk full for an hour is one range per layer, not one a chunk)."""
+    out: list[tuple[int, int]] = []
+    for first, stop in sorted(ranges):
+        if out and out[-1][1] == first:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((first, stop))
+    return out
 
 
 class StreamBusy(OSError):
@@ -154,6 +168,8 @@ class StreamWriter:
         # step that empties its buffers (_take_chunk(into)), so every row is always in one of the two.
         self.inbox: list[tuple[int, list[TakenRows]]] = []
         self._sync_error: Optional[OSError] = None
+        self._lost_rows: list[list[tuple[int, int]]] = [[] for _ in range(num_layers)]
+        self._lost_prediction_rows: list[list[tuple[int, int]]] = [[] for _ in range(num_layers)]
         self._cond = threading.Condition()
         self._busy = False
         self._stopping = False
@@ -192,7 +208,8 @@ class StreamWriter:
                 self._cond.wait()
             self._lose_stranded()
             written = Written(self._size, list(self._passes), list(self._predictions), list(self._lost_passes),
-                              list(self._lost_predictions))
+                              list(self._lost_predictions), [_merged(r) for r in self._lost_rows],
+                              [_merged(r) for r in self._lost_prediction_rows])
             fd = self._fd
         if fd is not None:
             self._sync(fd)
@@ -252,9 +269,14 @@ class StreamWriter:
         """Count a chunk that cannot be written as lost, and say why once per message."""
         if not any(part for layer in rows for part in layer[1:3]):
             return
-        for layer, (_, trace, pred, _, _, _) in enumerate(rows):
-            self._lost_passes[layer] += rows_in(trace, width)
-            self._lost_predictions[layer] += rows_in(pred, width)
+        for layer, (first, trace, pred, _, _, pred_first) in enumerate(rows):
+            passes, predictions = rows_in(trace, width), rows_in(pred, width)
+            self._lost_passes[layer] += passes
+            self._lost_predictions[layer] += predictions
+            if passes:
+                self._lost_rows[layer].append((first, first + passes))
+            if predictions:
+                self._lost_prediction_rows[layer].append((pred_first, pred_first + predictions))
         message = f"[router-hist] FAILED streaming the trace to {self.path}: {why}"
         if message not in self._failures:
             self._failures.add(message)

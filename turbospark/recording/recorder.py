@@ -431,6 +431,7 @@ class _Facade(_CoreBase):
             stream += f',"predictions":{_ints(predictions)}'
         if any(written.lost_passes) or any(written.lost_predictions):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
+            stream += f',"lost_rows":{_ranges(written.lost_rows)},"lost_prediction_rows":{_ranges(written.lost_prediction_rows)}'
         self._serial_here.value = serial
         return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}", serial
 
@@ -690,6 +691,11 @@ def _logits_tail(capture: Any) -> bytes:
 
 def _ints(values: list[int]) -> str:
     return "[" + ",".join(map(str, values)) + "]"
+
+
+def _ranges(per_layer: list[list[tuple[int, int]]]) -> str:
+    """Per layer, its ``[first, stop)`` row ranges as JSON: ``[[[a,b],...],...]``."""
+    return "[" + ",".join("[" + ",".join(f"[{a},{b}]" for a, b in ranges) + "]" for ranges in per_layer) + "]"
 
 
 def _json_name(path: str) -> str:
