@@ -142,7 +142,7 @@ def worker(**overrides: Any) -> Any:
     parallel = SimpleNamespace(pipeline_parallel_size=overrides.pop("pp", 1), data_parallel_size=overrides.pop("dp", 1),
                                tensor_parallel_size=overrides.pop("tp", 1), all2all_backend="allgather_reducescatter",
                                use_sequence_parallel_moe=overrides.pop("sp", False), enable_dbo=overrides.pop("dbo", False),
-                               ubatch_size=0)
+                               ubatch_size=0, prefill_context_parallel_size=overrides.pop("pcp", 1))
     parallel.use_ubatching = parallel.enable_dbo
     config = SimpleNamespace(speculative_config=overrides.pop("spec", None), parallel_config=parallel)
     return SimpleNamespace(vllm_config=config, use_v2_model_runner=overrides.pop("v2", False))
@@ -161,6 +161,10 @@ def worker(**overrides: Any) -> Any:
         (dict(pp=2), "turbospark: pipeline_parallel_size=2: each stage routes only its own layers and the plugin "
                      "writes whole-model captures; use pipeline_parallel_size=1, or unset TURBOSPARK_ROUTER_HIST to "
                      "run without recording"),
+        (dict(pcp=2), "turbospark: prefill_context_parallel_size=2: each prefill context-parallel rank routes its "
+                      "own share of a prompt's tokens, while the plugin tags a step's rows from the whole step's "
+                      "requests; use prefill_context_parallel_size=1 (--prefill-context-parallel-size), or unset "
+                      "TURBOSPARK_ROUTER_HIST to run without recording"),
         (dict(dp=2, tp=2, sp=True),
          "turbospark: sequence-parallel MoE is on (enable_expert_parallel with tensor_parallel_size=2, "
          "data_parallel_size=2 and all2all_backend='allgather_reducescatter'): each tensor-parallel rank routes its own "
