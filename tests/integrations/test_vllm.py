@@ -687,7 +687,9 @@ import gc, os, signal, sys
 from vllm import LLM, SamplingParams
 
 def params(n):
-    return SamplingParams(n=n, max_tokens=3, temperature=0, ignore_eos=True, detokenize=False)
+    # vLLM samples n > 1 only at a temperature above 0.
+    return SamplingParams(n=n, max_tokens=3, temperature=0 if n == 1 else 1.0, seed=0, ignore_eos=True,
+                          detokenize=False)
 
 llm = LLM(**ENGINE)
 llm.generate([{"prompt_token_ids": [1, 5, 6, 7]}], params(1), use_tqdm=False)

@@ -27,7 +27,6 @@ that reads its count.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from typing import Any, Callable, NoReturn, Optional
@@ -105,8 +104,10 @@ def unwritten_marker(buffer: StaticBuffer, staging: str) -> Callable[[], None]:
     """What marks every routed layer's row count unwritten for ``staging``: a host write (``direct``), a device
     fill without a sync (``device``)."""
     if staging == "device":
-        rows_on_device = buffer.rows
-        return functools.partial(rows_on_device.fill_, NOT_CALLED)
+        def fill() -> None:
+            buffer.rows.fill_(NOT_CALLED)
+
+        return fill
     rows = memoryview(buffer.rows.numpy())
     unwritten = memoryview(np.full(buffer.rows.shape[0], NOT_CALLED, dtype=np.int64))
 
