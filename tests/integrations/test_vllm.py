@@ -657,3 +657,115 @@ def test_layers_the_hook_cannot_see_are_refused(module: dict[str, Any], message:
         _checks.check_layer(SimpleNamespace(**module), 3)
     assert str(refused.value) == message
 
+
+
+def test_shutdown_grace_reaches_the_dp_supervisor() -> None:
+    # `vllm serve` imports the DP supervisor, which imports the timeout function by name, before plugins load.
+    code = ("import os; from vllm.entrypoints.launchers import dp_supervisor as s\n"
+            "os.environ['TURBOSPARK_ROUTER_HIST'] = 'x.json'; os.environ['TURBOSPARK_VLLM_SHUTDOWN_GRACE'] = '7'\n"
+            "import turbospark.vllm as v; v.register()\n"
+            "print(s.get_engine_process_shutdown_timeout(0, 0))")
+    proc = run_isolated([sys.executable, "-c", code], str(TESTS), child_env(), 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "7.0"
+
+
+def _in_process(tmp_path: pathlib.Path, model: str, script: str, env: Optional[dict[str, str]] = None,
+                timeout: float = 300) -> Any:
+    """Run ``script`` (``MODEL`` and ``ENGINE``, the keyword arguments of a small CPU engine, defined) in one
+    process recording to ``cap.json``."""
+    head = (f"MODEL = {model!r}\nENGINE = dict(model=MODEL, dtype='float32', skip_tokenizer_init=True, "
+            f"enforce_eager=True, max_model_len=128, kv_cache_memory_bytes=64 << 20, seed=0)\n")
+    (tmp_path / "script.py").write_text(head + script)
+    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+             "TURBOSPARK_ROUTER_HIST": str(tmp_path / "cap.json"), "TURBOSPARK_ROUTER_TRACE": "1", **(env or {})}
+    return run_isolated([sys.executable, str(tmp_path / "script.py")], str(tmp_path), child_env(extra), timeout)
+
+
+TWO_ENGINES = """
+import gc, os, signal, sys
+from vllm import LLM, SamplingParams
+
+def params(n):
+    # vLLM samples n > 1 only at a temperature above 0.
+    return SamplingParams(n=n, max_tokens=3, temperature=0 if n == 1 else 1.0, seed=0, ignore_eos=True,
+                          detokenize=False)
+
+llm = LLM(**ENGINE)
+llm.generate([{"prompt_token_ids": [1, 5, 6, 7]}], params(1), use_tqdm=False)
+del llm
+gc.collect()
+print("FIRST-DELETED", file=sys.stderr, flush=True)
+llm = LLM(**ENGINE)
+llm.generate([{"prompt_token_ids": [1, 5, 6, 7, 8, 9]}], params(2), use_tqdm=False)
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_two_engines_in_one_process(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    """docs/vllm.md's in-process engine, twice: the first one deleted writes its capture then, and a SIGTERM
+    later writes the live one's, never the deleted one's over it (0.2 s checkpoints: nor does a checkpoint).
+    The second engine samples n=2: the docs' recipe gives each entry's sample index and the caller's id."""
+    proc = _in_process(tmp_path, models["mixtral"], TWO_ENGINES, {"TURBOSPARK_ROUTER_HIST_CHECKPOINT": "0.2"})
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-3000:]
+    first, _, second = proc.stderr.partition("FIRST-DELETED")
+    assert f"[router-hist] wrote {tmp_path / 'cap.json'}" in first, proc.stderr[-3000:]
+    cap = turbospark.load(tmp_path / "cap.json")
+    assert [e.prompt for e in cap.requests] == [6, 6]
+    # (sample index, the caller's id): the second engine numbers its requests from "0" again.
+    assert sorted(e.request.rpartition("-")[0].partition("_")[::2] for e in cap.requests) == [("0", "0"), ("1", "0")]
+    assert cap.trace[0].shape[0] == 2 * (6 + 2)
+
+
+REUSED_IDS = """
+from vllm import LLM, SamplingParams
+
+llm = LLM(**ENGINE)
+engine = llm.llm_engine
+params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, detokenize=False)
+
+def finish():
+    while engine.has_unfinished_requests():
+        engine.step()
+
+# Sent again after it finished.
+for prompt in ([1, 5, 6, 7], [1, 5, 6, 7, 8]):
+    engine.add_request("x", {"prompt_token_ids": prompt}, params)
+    finish()
+# Sent again right after an abort.
+engine.add_request("y", {"prompt_token_ids": [1, 9, 10, 11, 12, 13]}, params)
+engine.step()
+engine.step()
+engine.abort_request(["y"])
+engine.add_request("y", {"prompt_token_ids": [1, 9, 10, 11, 12, 13, 14]}, params)
+finish()
+print("DONE", flush=True)
+"""
+
+
+def test_a_request_id_used_again_is_a_new_request(models: dict[str, str], tmp_path: pathlib.Path) -> None:
+    proc = _in_process(tmp_path, models["mixtral"], REUSED_IDS, {"VLLM_DISABLE_REQUEST_ID_RANDOMIZATION": "1"})
+    assert proc.returncode == 0 and "DONE" in proc.stdout, proc.stderr[-3000:]
+    cap = turbospark.load(tmp_path / "cap.json")
+    assert [(e.seq, e.request, e.attempt, e.start, e.prompt) for e in cap.requests] == [
+        (0, "x", 0, 0, 4), (1, "x", 0, 0, 5), (2, "y", 0, 0, 6), (3, "y", 0, 0, 7)]
+    passes = [int((cap.seq[0] == seq).sum()) for seq in range(4)]
+    # Prompt plus the 2 generated tokens fed back; the aborted one ran its prefill and at least one decode step.
+    assert passes[:2] == [6, 7] and passes[3] == 9 and passes[2] >= 7
+
+
+@pytest.mark.parametrize("trace", ["1", "stream"])
+def test_an_engine_that_fails_after_load_leaves_the_capture(models: dict[str, str], tmp_path: pathlib.Path,
+                                                            trace: str) -> None:
+    path = tmp_path / "cap.json"
+    with turbospark.RouterHistogram(str(path), 3, 8, 2, trace=True if trace == "1" else "stream") as earlier:
+        earlier.record(0, [1, 2])
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("cap.json*")}
+    # KV cache for no request of max_model_len: vLLM refuses after the model loaded and the routers were bound.
+    proc = _in_process(tmp_path, models["mixtral"], "from vllm import LLM\nLLM(**dict(ENGINE, kv_cache_memory_bytes=4096))\n",
+                       {"TURBOSPARK_ROUTER_TRACE": trace})
+    assert proc.returncode != 0
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("cap.json*")} == before
+    assert (f"[router-hist] not writing {path}: the engine ran no step (an existing capture there is left as it "
+            "was)") in proc.stderr, proc.stderr[-3000:]
+    assert turbospark.load(path).counts[0].tolist() == [0, 1, 1, 0, 0, 0, 0, 0]

@@ -428,3 +428,66 @@ def test_cuda_graph_replays_write_the_static_buffer(tmp_path: pathlib.Path) -> N
     direct.recorder.close()
     assert (tmp_path / "staged.json").read_bytes() == (tmp_path / "direct.json").read_bytes()
 
+
+
+class FakeWorker:
+    """What a Session reads of a worker: its runner (whose ``_dummy_run`` warm-up runs the routers too)."""
+
+    def __init__(self, engine: "Engine", rows: int) -> None:
+        ids = torch.from_numpy(routed(np.random.default_rng(1), rows, 0))
+
+        class Runner:
+            input_batch = None
+
+            def _dummy_run(self, num_tokens: int) -> None:
+                engine.forward(ids)  # every router writes its rows (and counts) of the dummy batch
+
+        self.model_runner = Runner()
+
+
+@pytest.mark.parametrize("kind", ["direct", "device"])
+def test_session_starts_at_the_first_step_and_warm_up_rows_never_pass(tmp_path: pathlib.Path, kind: str) -> None:
+    from types import SimpleNamespace
+
+    from turbospark.vllm._recorder import VllmRecorder
+    from turbospark.vllm._session import Session
+    from vllm_steps import new, step
+
+    path = tmp_path / "cap.json"
+    path.write_text("the earlier capture")
+    engine = Engine(tmp_path / "unused.json", kind)
+    worker = FakeWorker(engine, STEP_ROWS)
+    made: list[Any] = []
+
+    def start() -> Any:
+        made.append(VllmRecorder(str(path), NUM_LAYERS, EXPERTS, K, trace=True))
+        return made[-1]
+
+    session = Session(start, str(path), engine.buffer, LAYERS, worker, 1, kind)
+    worker.model_runner._dummy_run(STEP_ROWS)  # vLLM's profiling / warm-up: rows of every layer
+    assert made == [] and path.read_text() == "the earlier capture"
+    # The first step: one router silent. Its rows from the warm-up must not pass for this step's.
+    engine.forward(torch.from_numpy(routed(np.random.default_rng(2), 3, 0)), skip=1)
+    worker.model_runner.input_batch = SimpleNamespace(req_ids=["a"])
+    with pytest.raises(RuntimeError, match="the router of MoE layer 2 never called capture_fn in this step"):
+        session.after_step(step({"a": 3}, new_reqs=(new("a", 3),)))
+        if kind == "device":
+            session.handover.flush()  # the device path reads the counts at its flush
+    assert len(made) == 1  # the step started recording
+    session.close()
+    assert made[0].closed
+
+
+def test_a_session_that_never_stepped_writes_nothing(tmp_path: pathlib.Path, capfd: Any) -> None:
+    from turbospark.vllm._session import Session
+
+    path = tmp_path / "cap.json"
+    path.write_text("the earlier capture")
+    engine = Engine(tmp_path / "unused.json", "direct")
+    session = Session(lambda: pytest.fail("no recorder without a step"), str(path), engine.buffer, LAYERS,
+                      FakeWorker(engine, STEP_ROWS), 1)
+    session.close()
+    session.close()
+    assert path.read_text() == "the earlier capture"
+    assert capfd.readouterr().err.count(f"[router-hist] not writing {path}: the engine ran no step (an existing "
+                                        "capture there is left as it was)\n") == 1

@@ -93,6 +93,29 @@ def test_table_repeated_layout_reuses_tags_and_catches_up() -> None:
     assert ahead is not alone and ahead.seq.tolist() == [2] and len(table.entries) == 3
 
 
+def test_table_an_id_used_again_after_it_finished_is_a_new_request() -> None:
+    table = RequestTable()
+    table.step(step({"x": 3}, new_reqs=(new("x", 3),)), ["x"])
+    table.step(step({"x": 1}, cached=(("x", 3),)), ["x"])
+    # x finished; the same id sent again (VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1) is a new request: attempt 0.
+    again = table.step(step({"x": 2}, new_reqs=(new("x", 2),), finished=("x",)), ["x"])
+    assert again.seq.tolist() == [1, 1] and again.runs == ((0, 2, "prompt"),)
+    # It decodes on as seq 1 (the finished request's state was dropped before the new one's was made).
+    assert table.step(step({"x": 1}, cached=(("x", 2),)), ["x"]).seq.tolist() == [1]
+    assert [(e.seq, e.request, e.attempt, e.start, e.prompt) for e in table.entries] == [(0, "x", 0, 0, 3),
+                                                                                         (1, "x", 0, 0, 2)]
+    # Preempted and rerun, it is still attempt 1 of the new request.
+    table.step(step({"x": 3}, cached=(("x", 0),)), ["x"])
+    assert [(e.seq, e.attempt, e.start) for e in table.entries][-1] == (2, 1, 0)
+    # Sent again a step after its finish was reported: a new request too, never a rerun (attempt 1).
+    later = RequestTable()
+    later.step(step({"y": 2}, new_reqs=(new("y", 2),)), ["y"])
+    later.step(step({"z": 2}, new_reqs=(new("z", 2),), finished=("y",)), ["z"])
+    later.step(step({"y": 4, "z": 1}, new_reqs=(new("y", 4),), cached=(("z", 2),)), ["z", "y"])
+    assert [(e.seq, e.request, e.attempt, e.prompt) for e in later.entries] == [(0, "y", 0, 2), (1, "z", 0, 2),
+                                                                                (2, "y", 0, 4)]
+
+
 def test_table_refuses_an_unknown_request() -> None:
     with pytest.raises(RuntimeError, match="request 'x' was scheduled before its first step was seen"):
         RequestTable().step(step({"x": 1}, cached=(("x", 3),)), ["x"])
@@ -119,7 +142,7 @@ def worker(**overrides: Any) -> Any:
     parallel = SimpleNamespace(pipeline_parallel_size=overrides.pop("pp", 1), data_parallel_size=overrides.pop("dp", 1),
                                tensor_parallel_size=overrides.pop("tp", 1), all2all_backend="allgather_reducescatter",
                                use_sequence_parallel_moe=overrides.pop("sp", False), enable_dbo=overrides.pop("dbo", False),
-                               ubatch_size=0)
+                               ubatch_size=0, prefill_context_parallel_size=overrides.pop("pcp", 1))
     parallel.use_ubatching = parallel.enable_dbo
     config = SimpleNamespace(speculative_config=overrides.pop("spec", None), parallel_config=parallel)
     return SimpleNamespace(vllm_config=config, use_v2_model_runner=overrides.pop("v2", False))
@@ -138,6 +161,10 @@ def worker(**overrides: Any) -> Any:
         (dict(pp=2), "turbospark: pipeline_parallel_size=2: each stage routes only its own layers and the plugin "
                      "writes whole-model captures; use pipeline_parallel_size=1, or unset TURBOSPARK_ROUTER_HIST to "
                      "run without recording"),
+        (dict(pcp=2), "turbospark: prefill_context_parallel_size=2: each prefill context-parallel rank routes its "
+                      "own share of a prompt's tokens, while the plugin tags a step's rows from the whole step's "
+                      "requests; use prefill_context_parallel_size=1 (--prefill-context-parallel-size), or unset "
+                      "TURBOSPARK_ROUTER_HIST to run without recording"),
         (dict(dp=2, tp=2, sp=True),
          "turbospark: sequence-parallel MoE is on (enable_expert_parallel with tensor_parallel_size=2, "
          "data_parallel_size=2 and all2all_backend='allgather_reducescatter'): each tensor-parallel rank routes its own "
@@ -300,3 +327,48 @@ def test_a_streamed_capture_keeps_the_requests_map_through_export(tmp_path: Any)
     out = io.BytesIO()
     write_json(streamed, out)
     assert out.getvalue() == (tmp_path / "m.json").read_bytes()
+
+
+def test_a_signal_writes_the_live_recorders_only(tmp_path: Any) -> None:
+    """Two engines in one process, one after the other, both recording to one path: the first one deleted is
+    written by its own end (the handler holds it weakly), and a SIGTERM then writes the live one's capture,
+    once, never the deleted one's over it."""
+    import gc
+    import os
+    import signal
+    import weakref
+
+    from turbospark.vllm import _signals
+
+    path = tmp_path / "cap.json"
+    fired: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGTERM, lambda number, frame: fired.append(number))
+    try:
+        first = turbospark.RouterHistogram(str(path), 1, 4, 1)
+        first.record(0, [0])
+        _signals.write_before_exit(first)
+        gone = weakref.ref(first)
+        del first
+        gc.collect()
+        assert gone() is None
+        # Dropped, it wrote its capture (one pass).
+        assert turbospark.load(path).counts.tolist() == [[1, 0, 0, 0]]
+        second = turbospark.RouterHistogram(str(path), 1, 4, 1)
+        second.record(0, [3])
+        second.record(0, [3])
+        _signals.write_before_exit(second)
+        handler = signal.getsignal(signal.SIGTERM)
+        _signals.write_before_exit(second)
+        assert signal.getsignal(signal.SIGTERM) is handler  # one handler of ours, not one per engine
+        assert _signals.watched() == [second]
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert fired == [signal.SIGTERM]
+        assert turbospark.load(path).counts.tolist() == [[0, 0, 0, 2]]
+        # A recorder forgotten (its worker shut down) is no longer written by a signal.
+        _signals.forget(second)
+        assert _signals.watched() == []
+        second.discard()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -41,6 +41,13 @@ def check_engine(worker: Any) -> None:
             f"turbospark: pipeline_parallel_size={pipeline}: each stage routes only its own layers and the "
             f"plugin writes whole-model captures; use pipeline_parallel_size=1, {OFF}"
         )
+    prefill = int(getattr(parallel, "prefill_context_parallel_size", 1))
+    if prefill > 1:
+        raise Refused(
+            f"turbospark: prefill_context_parallel_size={prefill}: each prefill context-parallel rank routes its own "
+            f"share of a prompt's tokens, while the plugin tags a step's rows from the whole step's requests; use "
+            f"prefill_context_parallel_size=1 (--prefill-context-parallel-size), {OFF}"
+        )
     data = int(getattr(parallel, "data_parallel_size", 1))
     if data > 1 and getattr(parallel, "use_sequence_parallel_moe", False):
         raise Refused(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import numpy as np
 import torch
@@ -42,7 +42,8 @@ from ._data_parallel import RankRows, misplaced
 from ._buffer import NOT_CALLED, StaticBuffer
 from ._requests import StepTags
 
-__all__ = ["FLUSH_EVERY", "MAX_STEPS", "STAGE_BYTES", "STAGING", "DeviceStaging", "Direct", "choose", "refuse_rows"]
+__all__ = ["FLUSH_EVERY", "MAX_STEPS", "STAGE_BYTES", "STAGING", "DeviceStaging", "Direct", "choose", "refuse_rows",
+           "unwritten_marker"]
 
 STAGING = "TURBOSPARK_VLLM_STAGING"
 # Staged ids per flush at most (plus one step's worth when a step is larger):
@@ -99,6 +100,23 @@ def choose(device: torch.device, environ: Any) -> str:
     return choice
 
 
+def unwritten_marker(buffer: StaticBuffer, staging: str) -> Callable[[], None]:
+    """What marks every routed layer's row count unwritten for ``staging``: a host write (``direct``), a device
+    fill without a sync (``device``)."""
+    if staging == "device":
+        def fill() -> None:
+            buffer.rows.fill_(NOT_CALLED)
+
+        return fill
+    rows = memoryview(buffer.rows.numpy())
+    unwritten = memoryview(np.full(buffer.rows.shape[0], NOT_CALLED, dtype=np.int64))
+
+    def mark() -> None:
+        rows[:] = unwritten
+
+    return mark
+
+
 class Direct:
     """The CPU hand-over: each step's rows recorded from views of the host buffer, at once.
 
@@ -114,7 +132,7 @@ class Direct:
         # The routed layers' row counts, and what resets them before a step (memoryviews: the cheapest
         # reads and writes from Python).
         self._rows = memoryview(buffer.rows.numpy())
-        self._reset = memoryview(buffer.rows.numpy().copy())
+        self._reset = memoryview(np.full(len(layers), NOT_CALLED, dtype=np.int64))
         # Per routed layer: its slot of the static buffer (views: valid for the buffer's life).
         self._blocks = [(layer, ids[slot]) for slot, layer in enumerate(layers)]
         self._tags: Optional[StepTags] = None

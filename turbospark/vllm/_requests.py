@@ -13,6 +13,12 @@ of a request was routed for the first time in its attempt-0 sequence or in
 the first later sequence that reached past it (the ``Request`` entries say
 exactly where each began).
 
+A request that finished (``finished_req_ids``) is forgotten before the step
+that reports it is tagged, as vLLM's runner forgets it: an id used again
+after that (vLLM's ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1``, or an id
+re-sent after an abort) is a new request, whose first sequence is attempt 0
+again.
+
 A row is a prompt row when its position is below the request's prompt
 length, a decode row otherwise (recomputed output tokens are decode rows of
 a later attempt).
@@ -124,6 +130,11 @@ class RequestTable:
     def _general_step(self, scheduler_output: Any, new_reqs: Iterable[Any], cached: Any, counts: dict[str, int],
                       order: Sequence[Optional[str]]) -> StepTags:
         live_of = self._live
+        # Finished before this step (vLLM's runner drops them first too): an id sent again after its request
+        # finished (VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1, an id re-sent after an abort) is a new request.
+        for req_id in scheduler_output.finished_req_ids:
+            live_of.pop(req_id, None)
+            self._attempts.pop(req_id, None)
         fresh = False
         for new in new_reqs:
             fresh = True
@@ -157,8 +168,6 @@ class RequestTable:
                 _extend(runs, row + split, row + n, "decode")
             live.position += n
             row += n
-        for req_id in scheduler_output.finished_req_ids:
-            live_of.pop(req_id, None)
         seq = np.repeat(np.asarray(seqs, dtype=np.int64), lengths)
         tags = StepTags(seq, tuple(runs), tuple((a, b, phase, seq[a:b]) for a, b, phase in runs))
         if not fresh and len(runs) == 1 and runs[0][2] == "decode":

@@ -7,25 +7,34 @@ the ids into the static buffer. ``Session.after_step`` runs after
 the step wrote from the step's ``SchedulerOutput`` and the runner's request
 order, and hands them to the recorder (``_handover``: read at once on a CPU
 worker, staged on the device without a host sync on any other).
+
+The recorder is made at the first step that schedules tokens: until then
+nothing is written, so an engine that fails after ``load_model`` (too
+little KV cache, a failed warm-up) or never steps leaves an existing
+capture, and its streamed trace, as they were, and says so on stderr.
+``Session.close`` (the worker's ``shutdown``: an in-process engine deleted,
+a worker process ending) writes the capture then, not at some later
+garbage collection, and takes it out of the signal handlers' writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 import time
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from turbospark.recording import _env
+from turbospark.recording import _env, _lifecycle, _paths
 
 from . import _checks, _data_parallel, _signals
 from ._buffer import StaticBuffer
-from ._handover import DeviceStaging, Direct, choose
+from ._handover import DeviceStaging, Direct, choose, unwritten_marker
 from ._recorder import VllmRecorder
 from ._requests import RequestTable
 
@@ -109,7 +118,7 @@ def attach(worker: Any) -> Optional["Session"]:
         return None
     dp = int(getattr(config.parallel_config, "data_parallel_size", 1))
     device = torch.device(worker.device) if getattr(worker, "device", None) is not None else torch.device("cpu")
-    # Refused before the recorder exists: a refused engine leaves no empty capture behind.
+    # Refused before anything is written: a refused engine leaves no capture behind.
     staging = choose(device, os.environ)
     gathered = _gathered(layers) if staging == "device" and dp > 1 else False
     env = _env.config_from_env(num_layers)
@@ -120,13 +129,17 @@ def attach(worker: Any) -> Optional["Session"]:
         env = dataclasses.replace(env, pilot=None)
     if env.checkpoint is None:
         env = dataclasses.replace(env, checkpoint=DEFAULT_CHECKPOINT)
-    recorder = VllmRecorder.from_config(env, num_layers, num_experts, top_k, given=given)
     step_tokens = int(config.scheduler_config.max_num_batched_tokens)
     buffer = StaticBuffer(len(layers), step_tokens * max(dp, 1), top_k, device, step_tokens)
     for slot, (_, module) in enumerate(layers):
         module.router.set_capture_fn(buffer.capture_fn(slot))
-    _signals.write_before_exit(recorder)
-    return Session(recorder, buffer, [index for index, _ in layers], worker, dp, staging, gathered)
+    # The handlers now, on the main thread (vLLM's are in place); the recorder joins them at the first step.
+    _signals.install()
+    # Made at the first step: an engine that fails after load_model (or never steps) leaves an existing
+    # capture, and its streamed trace, as they were.
+    start = functools.partial(VllmRecorder.from_config, env, num_layers, num_experts, top_k, given=given)
+    return Session(start, _paths.per_process(env.path), buffer, [index for index, _ in layers], worker, dp, staging,
+                   gathered)
 
 
 def _gathered(layers: list[tuple[int, Any]]) -> bool:
@@ -146,30 +159,59 @@ def _gathered(layers: list[tuple[int, Any]]) -> bool:
 
 
 class Session:
-    """A worker's recorder, static buffer and request table; ``after_step`` is its one per-step call."""
+    """A worker's static buffer and request table, and from its first step the recorder and hand-over;
+    ``after_step`` is its one per-step call, ``close`` its end (the worker's shutdown).
 
-    def __init__(self, recorder: VllmRecorder, buffer: StaticBuffer, layers: list[int], worker: Any, dp: int,
-                 staging: str = "direct", gathered: bool = False) -> None:
-        self.recorder = recorder
+    ``start()`` makes the recorder; ``path``: where it will write (for the
+    report when no step ever ran).
+    """
+
+    def __init__(self, start: Callable[[], VllmRecorder], path: str, buffer: StaticBuffer, layers: list[int],
+                 worker: Any, dp: int, staging: str = "direct", gathered: bool = False) -> None:
+        self.recorder: Optional[VllmRecorder] = None
+        self.handover: Any = None
         self.buffer = buffer
         self.layers = layers
         self.table = RequestTable()
-        recorder.request_entries = self.table.entries
+        self._start = start
+        self._staging = staging
+        self._gathered = gathered
+        self._closed = False
         # The runner is fixed for the worker's life; its input_batch is read every step (it can be rebuilt).
-        self._runner = worker.model_runner
-        self.handover: Any
-        if staging == "device":
-            self.handover = DeviceStaging(recorder, buffer, layers, gathered=gathered)
-        else:
-            self.handover = Direct(recorder, buffer, layers)
+        self._runner = runner = worker.model_runner
+        mark = unwritten_marker(buffer, staging)
+        # Profiling, warm-up and graph capture run the model on dummy batches, whose row counts must never pass
+        # for a step's (a router silent in the first step would read the warm-up's rows).
+        dummy_run = getattr(runner, "_dummy_run", None)
+        if dummy_run is not None:
+            runner._dummy_run = _then(dummy_run, mark)  # an instance attribute: this runner only
+        self._ranks: Optional[_data_parallel.RankRows] = None
         if dp > 1:
             # Where this rank's rows lie among those the routers wrote, step by step (_data_parallel).
             rank = int(worker.vllm_config.parallel_config.data_parallel_rank)
-            self.handover.ranks = _data_parallel.RankRows(self._runner, rank, self.handover.mark_unwritten)
+            self._ranks = _data_parallel.RankRows(runner, rank, mark)
         self._last_step = 0.0
         self._dirty = False
+        # Said at the worker's end or the process's, unless a step started recording.
+        self._unwritten = weakref.finalize(self, _lifecycle.report,
+                                           f"[router-hist] not writing {path}: the engine ran no step (an existing "
+                                           f"capture there is left as it was)")
+
+    def _begin(self) -> VllmRecorder:
+        """The first step's: the recorder, its hand-over, the signal write, the idle writer."""
+        recorder = self._start()
+        recorder.request_entries = self.table.entries
+        if self._staging == "device":
+            self.handover = DeviceStaging(recorder, self.buffer, self.layers, gathered=self._gathered)
+        else:
+            self.handover = Direct(recorder, self.buffer, self.layers)
+        self.handover.ranks = self._ranks
+        self.recorder = recorder
+        self._unwritten.detach()
+        _signals.watch(recorder)
         threading.Thread(target=_idle_writer, args=(weakref.ref(self),), name="turbospark-vllm-idle",
                          daemon=True).start()
+        return recorder
 
     def after_step(self, scheduler_output: Any) -> None:
         """Hand the rows of the step that just ran to the recorder (``_handover``), tagged per request.
@@ -179,7 +221,14 @@ class Session:
         (on the device path, from the flush that reads the count).
         """
         total = scheduler_output.total_num_scheduled_tokens
-        if not total or self.recorder.closed:
+        if not total:
+            return
+        recorder = self.recorder
+        if recorder is None:
+            if self._closed:
+                return
+            recorder = self._begin()
+        elif recorder.closed:
             return
         tags = self.table.step(scheduler_output, self._runner.input_batch.req_ids)
         now = time.monotonic()
@@ -187,17 +236,39 @@ class Session:
         self._last_step = now
         self._dirty = True
 
+    def close(self) -> None:
+        """The worker shuts down: write the capture now (once) and stop the signals writing it; idempotent."""
+        self._closed = True
+        recorder = self.recorder
+        if recorder is None:
+            self._unwritten()
+            return
+        _signals.forget(recorder)
+        recorder.close()
+
     def _write_if_idle(self) -> bool:
         """Write the capture when rows arrived and no step ran for IDLE_WRITE seconds; False once closed."""
-        if self.recorder.closed:
+        recorder = self.recorder
+        if recorder is None or recorder.closed:
             return False
         if self._dirty and time.monotonic() - self._last_step >= IDLE_WRITE:
             self._dirty = False
             try:
-                self.recorder._write_checkpoint()
+                recorder._write_checkpoint()
             except Exception:  # noqa: BLE001 -- reported by the next checkpoint or the final write
                 self._dirty = True
         return True
+
+
+def _then(run: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
+    @functools.wraps(run)
+    def run_then(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return run(*args, **kwargs)
+        finally:
+            after()
+
+    return run_then
 
 
 def _idle_writer(session: "weakref.ref[Session]") -> None:

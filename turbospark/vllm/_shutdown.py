@@ -13,13 +13,16 @@ while the engine process lives: an engine that aborts its requests, lets
 its workers write and exits in 1 s costs 1 s; the grace bounds a teardown
 that hangs. Requests are still aborted at once (the drain timeout is not
 touched), and a ``--shutdown-timeout`` above 0 (drain mode) is left as vLLM
-computes it.
+computes it. The DP supervisor (``vllm serve`` with data parallelism) asks
+the same function, through its own name for it, how long to wait for its
+servers: it gets the same answer.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from typing import Any, Mapping, Optional
 
 from turbospark.recording import _env
@@ -30,6 +33,7 @@ __all__ = ["DEFAULT_GRACE", "GRACE", "grace_seconds", "install"]
 GRACE = "TURBOSPARK_VLLM_SHUTDOWN_GRACE"
 DEFAULT_GRACE = 10.0
 _MARK = "_turbospark_grace"
+_NAME = "get_engine_process_shutdown_timeout"
 
 
 def grace_seconds(environ: Optional[Mapping[str, str]] = None) -> float:
@@ -64,3 +68,9 @@ def install() -> None:
 
     setattr(with_grace, _MARK, True)
     utils.get_engine_process_shutdown_timeout = with_grace
+    # Modules that imported the function by name before the plugin loaded (`vllm serve` imports the DP
+    # supervisor's launcher first) hold the original: rebind theirs too. Their dicts, not getattr: vLLM's lazy
+    # modules import on attribute access.
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm.") and getattr(module, "__dict__", {}).get(_NAME) is original:
+            setattr(module, _NAME, with_grace)
