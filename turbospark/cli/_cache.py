@@ -117,9 +117,10 @@ def _table(title: str, sizes: list[int], names: list[str], values: dict[str, Any
            fmt: Callable[[float], str]) -> list[str]:
     cells = [[_cell(values.get(name), i, fmt) for name in names] for i in range(len(sizes))]
     width = 2 + max([len(n) for n in names] + [len(cell) for row in cells for cell in row])
-    out = [title + ":", "  slots" + "".join(n.rjust(width) for n in names)]
+    first = max([5] + [len(str(c)) for c in sizes])  # a size wider than the heading widens its column
+    out = [title + ":", "  " + "slots".rjust(first) + "".join(n.rjust(width) for n in names)]
     for c, row in zip(sizes, cells):
-        out.append(f"  {c:>5}" + "".join(cell.rjust(width) for cell in row))
+        out.append(f"  {c:>{first}}" + "".join(cell.rjust(width) for cell in row))
     return out
 
 
