@@ -265,7 +265,7 @@ def test_report_by_hand() -> None:
     }
     assert {key: doc[key] for key in doc if key not in ("layers", "model")} == {
         "num_layers": 2, "num_experts": 4, "top_k": 2, "slots": [2, 3], "policies": ["lru", "belady", "pilot+lru"],
-        "shared": False, "batch": None, "expert_bytes": 10}
+        "shared": False, "batch": None, "batches": None, "expert_bytes": 10}
 
 
 def test_pilot_without_predictions_is_null_with_why() -> None:
@@ -391,6 +391,23 @@ def test_text_report_names_the_stream_model() -> None:
         "one cache per layer per sequence (up to 2 sequences per layer)")
     assert cache_lines(cache_report(capture, [2], ["lru"], shared=True, batch=3))[0].endswith(
         "one cache per layer shared by all sequences, in serving iterations of 3 rows")
+
+
+def test_shared_batch_without_sequence_tags_says_it_keeps_the_recorders_order(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    capture = loads(json.dumps(DOC))
+    plain = cache_report(capture, [2, 3], ["lru", "belady", "pilot"], shared=True)
+    batched = cache_report(capture, [2, 3], ["lru", "belady", "pilot"], shared=True, batch=3)
+    # Iterations of 3 consecutive passes are the recorder's order: the same figures.
+    assert (batched["batch"], batched["batches"], plain["batches"]) == (3, "consecutive passes", None)
+    assert (batched["layers"], batched["model"]) == (plain["layers"], plain["model"])
+    tagged = cache_report(loads(json.dumps(SEQ_DOC)), [2], ["lru"], shared=True, batch=3)
+    assert tagged["batches"] == "concurrent sequences"
+    path = write_capture(tmp_path / "c.json", DOC)
+    assert main(["cache", path, "--slots", "2", "--shared", "--batch", "3"]) == 0
+    assert capfd.readouterr().out.splitlines()[0] == (
+        "expert cache: 2 routed layers, 4 experts, top_k 2; one cache per layer shared by all passes, in the "
+        "recorder's order (no sequence tags: iterations of 3 consecutive passes keep it)")
 
 
 # --- the figure ----------------------------------------------------------------------------------

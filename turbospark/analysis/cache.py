@@ -31,7 +31,11 @@ The model (one cache per layer, as expert-offloading systems keep them):
   ``shared=True`` one cache per layer serves every sequence's passes in the
   order the server ran them: the recorder's order, or with ``batch=B`` the
   serving iterations continuous batching with B rows forms (as ``place
-  --batch`` forms them), passes of one iteration in recorder order.
+  --batch`` forms them), passes of one iteration in recorder order. Without
+  sequence tags an iteration is B consecutive passes (as ``place --batch``
+  forms them too), so the order, and every figure, is the recorder's; the
+  document's ``batches`` says which (``"concurrent sequences"`` or
+  ``"consecutive passes"``).
 
 Figures per layer and C: ``hit_rate`` = hits / needed (None without
 lookups), ``misses_per_token`` = demand loads / passes, and with
@@ -228,6 +232,10 @@ def cache_report(
         "policies": names,
         "shared": bool(shared),
         "batch": batch,
+        # Without sequence tags an iteration is B consecutive passes (as place --batch forms
+        # them), which leaves the recorder's order as it is: say so rather than imply re-forming.
+        "batches": None if batch is None else ("concurrent sequences" if capture.seq is not None
+                                               else "consecutive passes"),
         "expert_bytes": expert_bytes,
         "layers": layers,
         "model": _model(layers, names, sizes, why, expert_bytes),

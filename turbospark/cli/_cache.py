@@ -86,7 +86,10 @@ def cache_lines(doc: dict[str, Any]) -> list[str]:
     """The text report of a ``cache_report`` document: one table per figure, sizes down, policies across."""
     model = doc["model"]
     streams = max((entry["streams"] for entry in doc["layers"]), default=0)
-    if doc["shared"]:
+    if doc["shared"] and doc["batch"] and doc.get("batches") == "consecutive passes":
+        how = (f"one cache per layer shared by all passes, in the recorder's order (no sequence tags: "
+               f"iterations of {doc['batch']} consecutive passes keep it)")
+    elif doc["shared"]:
         how = ("one cache per layer shared by all sequences, "
                + (f"in serving iterations of {doc['batch']} rows" if doc["batch"] else "in the recorder's order"))
     elif streams > 1:
