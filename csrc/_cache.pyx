@@ -286,7 +286,7 @@ def simulate(
     cnp.ndarray order not None,
     cnp.ndarray starts not None,
     int64_t num_experts,
-    int64_t slots,
+    object slots,
     int policy,
     object pred=None,
 ):
@@ -299,6 +299,12 @@ def simulate(
     loads, prefetch loads, useful prefetches).
     """
     check_arguments(ids, order, starts, num_experts, slots, policy, pred)
+    if num_experts >= <int64_t>1 << 58:
+        # The per-expert buffers' byte sizes would wrap; no capture has this many experts.
+        raise MemoryError(f"cache simulation buffers for {num_experts} experts")
+    # Slots beyond the experts never fill (both kernels clamp, so any size answers, and the
+    # heap is sized by what can be resident).
+    cdef int64_t capacity = min(slots, num_experts)
     cdef int64_t passes = ids.shape[0]
     cdef int64_t k = ids.shape[1]
     cdef int64_t n = order.shape[0]
@@ -320,9 +326,9 @@ def simulate(
 
     cdef Heap h
     cdef int64_t width = k if k > gk else gk
-    h.a = <uint64_t*>malloc((slots + 1) * sizeof(uint64_t))
-    h.b = <uint64_t*>malloc((slots + 1) * sizeof(uint64_t))
-    h.expert = <int64_t*>malloc((slots + 1) * sizeof(int64_t))
+    h.a = <uint64_t*>malloc((capacity + 1) * sizeof(uint64_t))
+    h.b = <uint64_t*>malloc((capacity + 1) * sizeof(uint64_t))
+    h.expert = <int64_t*>malloc((capacity + 1) * sizeof(int64_t))
     h.pos = <int64_t*>malloc((num_experts + 1) * sizeof(int64_t))
     h.size = 0
     cdef int64_t* mark = <int64_t*>calloc(num_experts + 1, sizeof(int64_t))
@@ -401,17 +407,17 @@ def simulate(
                     if policy == LRU:
                         if guess != NULL and p < guessed:
                             g = _distinct(guess + p * gk, gk, gmark, gen, gbuf, NULL, 0, NULL)
-                            prefetched += _serve_lru(&lru, gbuf, g, slots, False, gmark, mark, gen, miss,
+                            prefetched += _serve_lru(&lru, gbuf, g, capacity, False, gmark, mark, gen, miss,
                                                      fetched, t, &hits, &useful, sorted_ids)
-                        loads += _serve_lru(&lru, buf, m, slots, True, mark, NULL, gen, miss, fetched, t,
+                        loads += _serve_lru(&lru, buf, m, capacity, True, mark, NULL, gen, miss, fetched, t,
                                             &hits, &useful, sorted_ids)
                         continue
                     if guess != NULL and p < guessed:
                         g = _distinct(guess + p * gk, gk, gmark, gen, gbuf, NULL, 0, NULL)
-                        prefetched += _serve(&h, gbuf, g, slots, policy, <uint64_t>(2 * t), shift, uses,
+                        prefetched += _serve(&h, gbuf, g, capacity, policy, <uint64_t>(2 * t), shift, uses,
                                              False, nbuf, gmark, mark, done, gen, &aside, miss, fetched, t,
                                              &hits, &useful)
-                    loads += _serve(&h, buf, m, slots, policy, <uint64_t>(2 * t + 1), shift, uses,
+                    loads += _serve(&h, buf, m, capacity, policy, <uint64_t>(2 * t + 1), shift, uses,
                                     True, nbuf, mark, NULL, done, gen, &aside, miss, fetched, t, &hits, &useful)
     finally:
         free(h.a); free(h.b); free(h.expert); free(h.pos)

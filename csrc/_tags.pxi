@@ -129,11 +129,11 @@ cdef Py_ssize_t _fast_seq(object seq, Py_ssize_t rows, const uint8_t* keep, int6
         return n
     if PyList_CheckExact(seq) and PyList_GET_SIZE(seq) == rows:
         for i in range(rows):
-            if keep != NULL and not keep[i]:
-                continue
             item = PyList_GET_ITEM(seq, i)
             if not _is_exact_int(item):
-                return -1
+                return -1  # a dropped row's entry must be an integer too (one rule with the pure core)
+            if keep != NULL and not keep[i]:
+                continue
             if not ts_compact_int(item, &big):
                 big = PyLong_AsLongLongAndOverflow(<object>item, &overflow)
             if overflow or big < 0:

@@ -25,6 +25,7 @@ from turbospark.analysis.capture import loads
 from turbospark.cli import main
 from turbospark.cli._cache import cache_lines, parse_bytes
 
+from childproc import run_python
 from conftest import require_module
 from placement_helpers import traced, write_capture
 
@@ -264,7 +265,7 @@ def test_report_by_hand() -> None:
     }
     assert {key: doc[key] for key in doc if key not in ("layers", "model")} == {
         "num_layers": 2, "num_experts": 4, "top_k": 2, "slots": [2, 3], "policies": ["lru", "belady", "pilot+lru"],
-        "shared": False, "batch": None, "expert_bytes": 10}
+        "shared": False, "batch": None, "batches": None, "expert_bytes": 10}
 
 
 def test_pilot_without_predictions_is_null_with_why() -> None:
@@ -392,6 +393,23 @@ def test_text_report_names_the_stream_model() -> None:
         "one cache per layer shared by all sequences, in serving iterations of 3 rows")
 
 
+def test_shared_batch_without_sequence_tags_says_it_keeps_the_recorders_order(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    capture = loads(json.dumps(DOC))
+    plain = cache_report(capture, [2, 3], ["lru", "belady", "pilot"], shared=True)
+    batched = cache_report(capture, [2, 3], ["lru", "belady", "pilot"], shared=True, batch=3)
+    # Iterations of 3 consecutive passes are the recorder's order: the same figures.
+    assert (batched["batch"], batched["batches"], plain["batches"]) == (3, "consecutive passes", None)
+    assert (batched["layers"], batched["model"]) == (plain["layers"], plain["model"])
+    tagged = cache_report(loads(json.dumps(SEQ_DOC)), [2], ["lru"], shared=True, batch=3)
+    assert tagged["batches"] == "concurrent sequences"
+    path = write_capture(tmp_path / "c.json", DOC)
+    assert main(["cache", path, "--slots", "2", "--shared", "--batch", "3"]) == 0
+    assert capfd.readouterr().out.splitlines()[0] == (
+        "expert cache: 2 routed layers, 4 experts, top_k 2; one cache per layer shared by all passes, in the "
+        "recorder's order (no sequence tags: iterations of 3 consecutive passes keep it)")
+
+
 # --- the figure ----------------------------------------------------------------------------------
 
 def test_plot_draws_the_documents_curves(tmp_path: Path, capfd: pytest.CaptureFixture[str],
@@ -424,3 +442,78 @@ def test_plot_refuses_a_capture_given_as_cache_document(tmp_path: Path, capfd: p
     assert main(["plot", "--cache", capture]) == 2
     assert capfd.readouterr().err == (f"turbospark: cannot read {capture}: not turbospark's cache JSON "
                                       "(write it with `turbospark cache CAPTURE --json`)\n")
+
+
+# --- sizes at and beyond num_experts ---------------------------------------------------------------
+
+HUGE = [4, 5, 2**61, 2**62, 2**63 - 1, 2**63, 10**30]
+
+
+def test_a_size_beyond_the_experts_serves_as_num_experts_in_both_kernels(tmp_path: Path) -> None:
+    # In a child: the compiled kernel once sized its heap (slots + 1) * 8 bytes, which wraps from
+    # 2**61 and let LFU and Belady write past it (SIGSEGV); 2**63 did not fit its int64 argument.
+    code = (
+        "import json, numpy as np\n"
+        "from turbospark.analysis import _cache_py\n"
+        "from turbospark.analysis.cache import _kernel\n"
+        f"ids = np.array({HAND}, dtype=np.int64)\n"
+        "pred = np.array([[0, 1], [2, 0], [0, 1], [1, 3]], dtype=np.int64)\n"
+        "order, starts = np.arange(4, dtype=np.int64), np.zeros(1, dtype=np.int64)\n"
+        "out = {}\n"
+        f"for slots in {HUGE}:\n"
+        "    for policy, guess in ((0, None), (1, None), (2, None), (0, pred), (1, pred)):\n"
+        "        for name, simulate in (('twin', _cache_py.simulate), ('kernel', _kernel())):\n"
+        "            out.setdefault(f'{name} {policy} {guess is not None}', []).append(\n"
+        "                list(simulate(ids, order, starts, 4, slots, policy, guess)))\n"
+        "print(json.dumps(out))\n"
+    )
+    child = run_python("-c", code)
+    assert (child.returncode, child.stderr) == (0, "")
+    got = json.loads(child.stdout)
+    # C >= E: only cold misses (0, 1, 2, 3); with the prefetch of HAND's predictions 3 is the only
+    # demand load, and 0, 1, 2 are useful prefetches.
+    for name in ("twin", "kernel"):
+        for policy in (0, 1, 2):
+            assert got[f"{name} {policy} False"] == [[8, 4, 4, 0, 0]] * len(HUGE)
+        for policy in (0, 1):
+            assert got[f"{name} {policy} True"] == [[8, 7, 1, 3, 3]] * len(HUGE)
+
+
+def test_cli_sizes_beyond_the_experts(tmp_path: Path) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    child = run_python("-m", "turbospark", "cache", path, "--slots", "4", str(2**62), str(10**30),
+                       "--policy", "lru,lfu,belady,pilot")
+    assert (child.returncode, child.stderr) == (0, "")
+    lines = child.stdout.splitlines()
+    assert lines[1:6] == [
+        "hit rate, mean over routed layers:",
+        "  " + " " * 26 + "slots        lru        lfu     belady  pilot+lru",
+        "  " + " " * 30 + "4      25.0%      25.0%      25.0%      43.8%",
+        "  " + " " * 12 + "4611686018427387904      25.0%      25.0%      25.0%      43.8%",
+        "  1000000000000000000000000000000      25.0%      25.0%      25.0%      43.8%",
+    ]
+
+
+def test_sizes_that_are_not_integers_are_named() -> None:
+    ids, order, starts = np.array(HAND, dtype=np.int64), np.arange(4, dtype=np.int64), np.zeros(1, np.int64)
+    for simulate in (_cache_py.simulate, _kernel()):
+        with pytest.raises(ValueError) as info:
+            simulate(ids, order, starts, 4, 2.5, 0, None)
+        assert str(info.value) == "slots must be an integer, got 2.5"
+
+
+# --- pilot="self": layer 0 is predicted too -----------------------------------------------------------
+
+# What a pilot="self" model capture holds: every layer's predictions are its own selections.
+SELF_DOC = traced(4, 2, [HAND, HAND[::-1]], pred=[sum(HAND, []), sum(HAND[::-1], [])])
+
+
+def test_a_self_capture_prefetches_layer_0_perfectly() -> None:
+    doc = cache_report(loads(json.dumps(SELF_DOC)), [2], ["lru", "pilot"])
+    # Each pass prefetches exactly what it needs: every lookup hits, every prefetch is useful,
+    # layer 0 included (it was served as plain LRU: 1 hit in 8).
+    for entry in doc["layers"]:
+        assert entry["hit_rate"] == {"lru": [1 / 8], "pilot+lru": [1.0]}
+        assert entry["misses_per_token"] == {"lru": [7 / 4], "pilot+lru": [0.0]}
+        assert entry["prefetch"] == {"pilot+lru": {"useful": [7], "wasted": [0]}}
+    assert doc["model"]["hit_rate"] == {"lru": [1 / 8], "pilot+lru": [1.0]}

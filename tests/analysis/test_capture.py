@@ -249,3 +249,40 @@ def test_recorder_written_router_logits_load(tmp_path: Path) -> None:
     logits = load(path).router_logits
     assert (logits.layer, logits.pass_index) == (1, 0)
     assert logits.values[:2].tolist() == [0.5, -2.5] and math.isnan(logits.values[2])
+
+
+def test_a_negative_zero_logit_round_trips_byte_for_byte(cores: Any, tmp_path: Path,
+                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    # Rust's Display writes the f32 -0.0 as "-0", which json reads as the int 0: the sign was lost
+    # at load, so export --to json and merge wrote "0".
+    from turbospark.cli import main
+
+    for index, cls in enumerate(cores):
+        path = tmp_path / f"c{index}.json"
+        hist = cls(str(path), 1, 4, 2, router_logits=(0, 0))
+        hist.record_router_logits(0, [-0.0, 0.0, -1.5, 3.0])
+        hist.record(0, [0, 1])
+        hist.close()
+        written = path.read_bytes()
+        assert written == (b'{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[1,1,0,0]],'
+                           b'"router_logits":{"layer":0,"pass":0,"values":[-0,0,-1.5,3]}}')
+        assert np.signbit(load(path).router_logits.values).tolist() == [True, False, True, False]
+        assert main(["export", str(path), "--to", "json", "-o", str(tmp_path / "e.json")]) == 0
+        assert (tmp_path / "e.json").read_bytes() == written
+        other = tmp_path / "o.json"
+        other.write_text('{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[0,0,1,1]],'
+                         '"router_logits":{"layer":0,"pass":0,"values":null}}')
+        assert main(["merge", str(path), str(other), "-o", str(tmp_path / "m.json")]) == 0
+        assert (tmp_path / "m.json").read_bytes() == written.replace(b"[[1,1,0,0]]", b"[[1,1,1,1]]")
+    capfd.readouterr()
+
+
+def test_negative_zero_is_a_plain_zero_outside_the_logit_row_on_both_parse_paths() -> None:
+    doc = ('{"num_layers":1,"num_experts":2,"top_k":1,"counts":[[-0,1]],"trace":[[1]],'
+           '"router_logits":{"layer":-0,"pass":-0,"values":[-0,-0.0,0]}%s}')
+    for text in (doc % "", doc % ',"note\u00e9":-0'):  # a non-ASCII byte takes json.loads' path
+        cap = loads(text.encode("utf-8"))
+        assert cap.counts.tolist() == [[0, 1]] and cap.counts.dtype == np.int64
+        logits = cap.router_logits
+        assert (logits.layer, logits.pass_index, type(logits.layer), type(logits.pass_index)) == (0, 0, int, int)
+        assert np.signbit(logits.values).tolist() == [True, True, False]

@@ -272,3 +272,27 @@ def test_analyze_of_a_tagged_streamed_capture_stays_bounded(tmp_path: Path) -> N
     # held every layer's seq column for the sequence count and each layer's ids, tags and pass orders.
     assert int(result.stdout) < 10, result.stdout  # 30 MiB before
     assert turbospark.analyze(turbospark.load(path))["sequences"] == 4 * 64
+
+
+@pytest.mark.both_backends
+@pytest.mark.parametrize("tagged", [False, True])
+def test_a_window_longer_than_every_run_is_null_on_both_backends(tagged: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The compiled kernel sized a ring of M - 1 passes: 10**11 raised MemoryError, 10**19 (beyond
+    # int64) OverflowError, where the twin answers null (no window of M passes fits).
+    capture = random_capture(3, dtype=np.dtype("u1"), tagged=tagged, predicted=True, experts=9)
+    windows = [2, 10**11, 10**19]
+    docs = [json.loads(analyzed(capture, backend, monkeypatch, windows, [3])) for backend in ("cython", "python")]
+    assert docs[0] == docs[1]
+    for layer in range(capture.num_layers):
+        want = brute_layer(capture, layer, [2], [3])["window_distinct"]
+        assert docs[0]["layers"][layer]["window_distinct"] == {
+            "2": want["2"], "100000000000": None, "10000000000000000000": None}
+
+
+def test_cli_window_beyond_the_passes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"num_layers":1,"num_experts":4,"top_k":1,"counts":[[2,1,0,0]],"trace":[[0,1,0]]}')
+    assert main(["analyze", str(path), "--window", "2", "--window", str(10**19), "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)["layers"][0]["window_distinct"] == {"2": 2.0, "10000000000000000000": None}
+    assert main(["analyze", str(path), "--window", str(10**11)]) == 0
+    assert "    M=100000000000: - (fewer than 100000000000 passes)\n" in capfd.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -432,3 +433,31 @@ def test_export_routed_experts_cannot_write(tmp_path: Path, capfd: pytest.Captur
     target = tmp_path / "missing" / "routed.npz"
     assert main(["export", path, "--to", "routed-experts", "-o", str(target)]) == 2
     assert capfd.readouterr().err.startswith(f"turbospark: cannot write {target}: ")
+
+
+@pytest.mark.parametrize("inputs, shown", [([4], "[4]"), ("x", "'x'"), (3, "3")])
+def test_a_placement_whose_inputs_is_not_an_object_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                          inputs: Any, shown: str) -> None:
+    # It gave an AttributeError traceback ('list' object has no attribute 'get').
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "p.json"
+    placement.write_text('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":%s}' % json.dumps(inputs))
+    message = f"turbospark: {placement}: the placement's inputs must be an object, got {shown}\n"
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 2
+    assert capfd.readouterr() == ("", message)
+    assert main(["place", path, "--gpus", "2", "--from", str(placement)]) == 2
+    assert capfd.readouterr() == ("", message)
+
+
+def test_a_placement_whose_gpus_is_not_a_positive_integer_exit_2(tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    path = write_capture(tmp_path / "c.json", DOC)
+    placement = tmp_path / "p.json"
+    placement.write_text('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":{"gpus":"2"}}')
+    assert main(["analyze", path, "--placement", str(placement)]) == 2
+    assert capfd.readouterr() == ("", f"turbospark: {placement}: the placement's inputs.gpus must be a positive "
+                                      "integer, got '2'\n")
+    # A null inputs reads as no inputs, as before: --gpus then says how many.
+    placement.write_text('{"physical_to_logical_map":[[0,1,2,3],[0,1,2,3]],"inputs":null}')
+    assert main(["analyze", path, "--placement", str(placement), "--gpus", "2"]) == 0
+    capfd.readouterr()

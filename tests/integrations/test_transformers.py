@@ -171,6 +171,11 @@ def test_self_probe_reads_100_percent(name: str, tmp_path: Any, capfd: Any) -> N
     for layer in routed:
         np.testing.assert_array_equal(cap.pred[layer], cap.trace[layer])
     assert "pilot_distance" not in path.read_text()
+    # The cache simulation prefetches every routed layer perfectly, the first one included.
+    from turbospark.analysis.cache import cache_report
+
+    layers = cache_report(cap, [cap.top_k], ["pilot"])["layers"]
+    assert [entry["hit_rate"]["pilot+lru"] for entry in layers if entry["needed"]] == [[1.0]] * len(routed)
     capfd.readouterr()
     from turbospark.cli import main
 
@@ -348,6 +353,41 @@ def test_each_generate_call_starts_new_sequences(tmp_path: Any) -> None:
     # Rows 0 and 1 (6 and 3 prompt tokens, 2 decode steps each), then sequence 2 (6 + 2).
     assert cap.seq[0].tolist() == [0] * 6 + [1] * 3 + [0, 1, 0, 1] + [2] * 8
     assert cap.phase[0].tolist() == [0] * 9 + [1] * 4 + [0] * 6 + [1] * 2
+
+
+def test_a_chunked_prefill_keeps_each_prompts_sequence(tmp_path: Any) -> None:
+    model = build("mixtral")
+    ids, mask, _ = _batch("mixtral")
+    ids, mask = ids[:2], mask[:2]  # 6 tokens, and 3 left-padded to columns 3..5
+    path = tmp_path / "c.json"
+    own = OwnHooks(model, "mixtral")
+    with capture(model, path, trace=True):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3,
+                             do_sample=False, prefill_chunk_size=2)
+    own.remove()
+    cap = turbospark.load(path)
+    # Chunks of 2 columns, each row by row: (0, 0), (0, 0, 1), (0, 0, 1, 1); then 2 decode steps.
+    # Every chunk used to start new sequences: 2 prompts read as 6.
+    assert cap.seq[0].tolist() == [0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 1, 0, 1]
+    assert cap.phase[0].tolist() == [0] * 9 + [1] * 4
+    assert turbospark.analyze(cap)["sequences"] == 2
+    result = verify(model, path, out, mask, prefill_chunk_size=2)
+    assert (result.ok, result.passes, result.problems) == (True, 13, ())
+    # Independent: what the routers returned, call by call, padding dropped by hand.
+    keeps = [mask[:, c:c + 2].reshape(-1).bool() for c in (0, 2, 4)] + [torch.ones(2, dtype=torch.bool)] * 2
+    for layer in range(3):
+        assert [c.shape[0] for c in own.calls[layer]] == [4, 4, 4, 2, 2]
+        mine = torch.cat([call[keep] for call, keep in zip(own.calls[layer], keeps)]).numpy()
+        np.testing.assert_array_equal(cap.trace[layer], mine)
+    # Verified as an unchunked prompt block, the order differs, and verify says what to pass.
+    unchunked = verify(model, path, out, mask)
+    assert not unchunked.ok and unchunked.problems[-1] == (
+        "the prompt passes return to earlier sequences, as when generate prefills in chunks: "
+        "pass the same prefill_chunk_size= to verify")
+    with pytest.raises(ValueError) as info:
+        verify(model, path, out, mask, prefill_chunk_size=0)
+    assert str(info.value) == "prefill_chunk_size must be a positive integer, got 0"
+
 
 
 @pytest.mark.parametrize("pilot", [None, "next"])

@@ -81,3 +81,17 @@ def test_without_matplotlib(tmp_path: Path, capfd: pytest.CaptureFixture[str], m
     assert main(["plot", "--placement", str(path), "-o", str(tmp_path / "x.png")]) == 2
     assert capfd.readouterr().err == (
         "turbospark: plotting needs matplotlib, which is not installed: pip install 'turbospark[plot]'\n")
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ("[4]", "the placement's inputs must be an object, got [4]"),
+    ('{"gpus": 2}', "the placement's inputs lack num_layers, num_experts, slots (write it with "
+                    "`turbospark place --format json`)"),
+])
+def test_a_placement_document_with_bad_inputs_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str],
+                                                     inputs: str, message: str) -> None:
+    # An inputs that is not an object gave an AttributeError traceback, one without its keys a KeyError.
+    path = tmp_path / "p.json"
+    path.write_text('{"inputs":%s,"layers":[]}' % inputs)
+    assert main(["plot", "--placement", str(path)]) == 2
+    assert capfd.readouterr() == ("", f"turbospark: cannot read {path}: {message}\n")

@@ -104,3 +104,21 @@ def test_extreme_logits_match_the_reference(reference_tools: Any, tmp_path: Any,
     ops = [("l", 0, values)]
     expected = reference_harness.run_reference(env, 1, len(values), 0, ops)
     assert _ours(env, 1, len(values), 0, ops, monkeypatch) == expected
+
+
+def test_a_negative_zero_logit_exports_as_the_reference_wrote_it(reference_tools: Any, tmp_path: Any) -> None:
+    import io
+
+    from turbospark.analysis.capture import loads
+    from turbospark.analysis.export_json import write_json
+
+    env = {
+        "TURBOSPARK_ROUTER_HIST": str(tmp_path / "reference.json"),
+        "TURBOSPARK_ROUTER_LOGITS_LAYER": "0",
+        "TURBOSPARK_ROUTER_LOGITS_PASS": "0",
+    }
+    expected = reference_harness.run_reference(env, 1, 3, 0, [("l", 0, [-0.0, 0.0, -2.5]), ("r", 0, [0, 2])])
+    assert expected is not None and '"values":[-0,0,-2.5]' in expected
+    out = io.BytesIO()
+    write_json(loads(expected), out)
+    assert out.getvalue().decode("ascii") == expected

@@ -74,8 +74,9 @@ def test_unused_keeps_reference_json(make: Any) -> None:
         ({"seq": [0, -4, 2], "phase": "decode"}, ValueError, "seq holds a negative sequence id -4"),
         ({"seq": [0, 1], "phase": "decode"}, ValueError, "seq has 2 entries, expected one per row (3)"),
         ({"seq": [[0, 1, 2]], "phase": "decode"}, ValueError, "seq must be 1-D with one id per row, got shape (1, 3)"),
-        ({"seq": [0, 1.5, 2], "phase": "decode"}, TypeError, "seq must hold integers, got dtype float64"),
-        ({"seq": [0, True, 2], "phase": "decode"}, TypeError, "seq must hold integers, found bool True"),
+        ({"seq": [0, 1.5, 2], "phase": "decode"}, TypeError, "seq must hold integers, found float 1.5 at row 1"),
+        ({"seq": np.array([0, 1.5, 2]), "phase": "decode"}, TypeError, "seq must hold integers, got dtype float64"),
+        ({"seq": [0, True, 2], "phase": "decode"}, TypeError, "seq must hold integers, found bool True at row 1"),
         ({"seq": "abc", "phase": "decode"}, TypeError, "seq must be a sequence of non-negative integers, got str 'abc'"),
         ({"seq": [0, 1, 2], "phase": "decode", "mask": [1, 1, 0]}, TypeError, "mask must be boolean, got dtype int64"),
         ({"seq": [0, 1, 2], "phase": "decode", "mask": [True]}, ValueError, "mask must be 1-D with one entry per row (3), got shape (1,)"),
@@ -225,6 +226,45 @@ def test_a_dropped_row_may_carry_any_sequence_id(make: Any) -> None:
     )
     with pytest.raises(ValueError, match="seq holds a negative sequence id -1"):
         hist.record_batch(0, [[0, 1]], seq=[-1], phase="decode", mask=[True])
+
+
+@pytest.mark.parametrize(("dropped", "message"), [
+    ("x", "seq must hold integers, found str 'x' at row 1"),
+    (True, "seq must hold integers, found bool True at row 1"),
+    (np.True_, "seq must hold integers, found bool np.True_ at row 1"),
+    (None, "seq must hold integers, found NoneType None at row 1"),
+    (1.5, "seq must hold integers, found float 1.5 at row 1"),
+])
+def test_a_dropped_rows_sequence_id_must_still_be_an_integer_on_both_cores(
+        cores: Any, tmp_path: Any, dropped: Any, message: str) -> None:
+    # One rule for both cores: the compiled one used to record these (it skipped dropped
+    # entries), the pure one raised TypeError for some and recorded others.
+    for cls in cores:
+        hist = cls(str(tmp_path / "c.json"), 1, 4, 2, trace=True)
+        hist.record_batch(0, [[1, 2]], seq=[3], phase="prompt")
+        before = hist.to_json()
+        for seq in ([7, dropped, 9], np.array([7, dropped, 9], dtype=object)):
+            with pytest.raises(TypeError) as info:
+                hist.record_batch(0, [[0, 1], [-1, -1], [2, 3]], seq=seq, phase="decode", mask=[True, False, True])
+            assert str(info.value) == message
+            assert hist.to_json() == before
+        hist.discard()
+
+
+@pytest.mark.parametrize("dropped", [-1, 2**63, 2**64, -2**63 - 1, np.int64(-1), np.uint64(2**63)])
+def test_a_dropped_rows_sequence_id_may_be_any_integer_on_both_cores(cores: Any, tmp_path: Any, dropped: Any) -> None:
+    for cls in cores:
+        for seq in ([7, dropped, 9], np.array([7, dropped, 9], dtype=object)):
+            hist = cls(str(tmp_path / "c.json"), 1, 4, 2, trace=True)
+            hist.record_batch(0, [[0, 1], [-1, -1], [2, 3]], seq=seq, phase="decode", mask=[True, False, True])
+            assert hist.to_json() == ('{"num_layers":1,"num_experts":4,"top_k":2,"counts":[[1,1,1,1]],'
+                                      '"trace":[[0,1,2,3]],"seq":[[7,9]],"phase":[[1,1]]}')
+            hist.discard()
+        hist = cls(str(tmp_path / "c.json"), 1, 4, 2, trace=True)
+        with pytest.raises(ValueError) as info:
+            hist.record_batch(0, [[0, 1]], seq=[2**63], phase="decode")
+        assert str(info.value) == "seq holds a sequence id too large for int64: 9223372036854775808"
+        hist.discard()
 
 
 def test_plain_records_from_another_thread_never_take_a_batchs_sequence_ids(make: Any) -> None:

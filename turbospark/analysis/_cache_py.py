@@ -42,9 +42,11 @@ def simulate(
     Returns (needed, hits, demand loads, prefetch loads, useful prefetches):
     needed counts each pass's distinct ids; a hit is one already resident when
     the pass starts (after its prefetch); a useful prefetch is one the same
-    pass needs.
+    pass needs. A ``slots`` above ``num_experts`` serves as ``num_experts``:
+    the extra slots never fill.
     """
     check_arguments(ids, order, starts, num_experts, slots, policy, pred)
+    slots = min(slots, num_experts)
     ids_rows = ids.tolist()
     guesses = pred.tolist() if pred is not None else []
     serve = order.tolist()
@@ -94,6 +96,9 @@ def check_arguments(ids: np.ndarray, order: np.ndarray, starts: np.ndarray, num_
                              f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}")
     if policy not in (LRU, LFU, BELADY) or (policy == BELADY and pred is not None):
         raise ValueError(f"policy {policy} is not 0 (LRU), 1 (LFU) or 2 (Belady, without prefetch)")
+    for name, value in (("num_experts", num_experts), ("slots", slots)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
     width = max(ids.shape[1], pred.shape[1] if pred is not None else 0)
     if num_experts < 1 or slots < max(width, 1):
         raise ValueError(f"need num_experts >= 1 and slots >= {max(width, 1)}, got {num_experts} and {slots}")

@@ -22,15 +22,20 @@ The model (one cache per layer, as expert-offloading systems keep them):
   predicted; a predicted expert already resident counts as used then (its
   recency is refreshed, not its use count). A prefetch load is **useful**
   when the same pass needs the expert, **wasted** otherwise. Passes without a
-  prediction (layer 0, or beyond the prediction row's length) are served
-  without prefetch. Prefetch loads extra experts, so a prefetch policy can
+  prediction (beyond the prediction row's length: all of layer 0 in a
+  ``pilot="next"`` capture) are served without prefetch; a ``pilot="self"``
+  model capture's layer 0 is predicted like the others. Prefetch loads extra experts, so a prefetch policy can
   beat ``belady``'s hit rate; its bytes per token count the wasted loads.
 * **Streams.** By default each sequence has its own cache (the capture's
   ``seq`` tags; a capture without them is one stream per layer). With
   ``shared=True`` one cache per layer serves every sequence's passes in the
   order the server ran them: the recorder's order, or with ``batch=B`` the
   serving iterations continuous batching with B rows forms (as ``place
-  --batch`` forms them), passes of one iteration in recorder order.
+  --batch`` forms them), passes of one iteration in recorder order. Without
+  sequence tags an iteration is B consecutive passes (as ``place --batch``
+  forms them too), so the order, and every figure, is the recorder's; the
+  document's ``batches`` says which (``"concurrent sequences"`` or
+  ``"consecutive passes"``).
 
 Figures per layer and C: ``hit_rate`` = hits / needed (None without
 lookups), ``misses_per_token`` = demand loads / passes, and with
@@ -228,6 +233,10 @@ def cache_report(
         "policies": names,
         "shared": bool(shared),
         "batch": batch,
+        # Without sequence tags an iteration is B consecutive passes (as place --batch forms
+        # them), which leaves the recorder's order as it is: say so rather than imply re-forming.
+        "batches": None if batch is None else ("concurrent sequences" if capture.seq is not None
+                                               else "consecutive passes"),
         "expert_bytes": expert_bytes,
         "layers": layers,
         "model": _model(layers, names, sizes, why, expert_bytes),
@@ -318,8 +327,13 @@ def _distinct_total(ids: np.ndarray) -> int:
 
 
 def _layer_predictions(capture: Capture, layer: int) -> Optional[np.ndarray]:
-    """Layer ``layer``'s predictions as prefetch input: none for layer 0, which nothing runs before."""
-    if capture.pred is None or layer == 0:
+    """Layer ``layer``'s predictions as prefetch input, None when it has none.
+
+    Layer 0 is not special: a ``pilot="next"`` capture files nothing for it
+    (nothing runs before it), while a ``pilot="self"`` model capture predicts
+    it from itself, and those predictions are served like any other layer's.
+    """
+    if capture.pred is None or capture.pred[layer].shape[0] == 0:
         return None
     return np.ascontiguousarray(capture.pred[layer], dtype=np.int64)
 

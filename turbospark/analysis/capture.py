@@ -37,6 +37,49 @@ _ROW_KEYS = ("counts", "trace", "pred", "seq", "phase")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
+class _NegativeZero(int):
+    """A JSON ``-0``: Rust's ``Display`` of the f32 -0.0 in a logit row (json reads it as the int 0,
+    losing the sign, so an export would write ``0``); anywhere else it reads as a plain 0."""
+
+
+def _int_parser() -> tuple[Any, list[bool]]:
+    """A json ``parse_int`` that reads ``-0`` as ``_NegativeZero``, and a list it appends to when it does."""
+    seen: list[bool] = []
+
+    def parse_int(text: str) -> int:
+        if text == "-0":
+            seen.append(True)
+            return _NegativeZero(0)
+        return int(text)
+
+    return parse_int, seen
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every ``_NegativeZero`` in it made a plain 0 (outside a logit row a zero is a zero)."""
+    if isinstance(value, _NegativeZero):
+        return 0
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _signed_zeros(fields: dict[str, Any]) -> dict[str, Any]:
+    """Fields parsed with ``_parse_int``: -0 kept (as -0.0) in ``router_logits.values`` only."""
+    out = {}
+    for key, value in fields.items():
+        if key == "router_logits" and isinstance(value, dict):
+            values = value.get("values")
+            out[key] = {k: _plain(v) for k, v in value.items()}
+            if isinstance(values, list):
+                out[key]["values"] = [-0.0 if isinstance(v, _NegativeZero) else v for v in values]
+        else:
+            out[key] = _plain(value)
+    return out
+
+
 @dataclass(frozen=True)
 class RouterLogits:
     """The optional raw router-logit row: requested ``layer`` and ``pass_index``,
@@ -202,6 +245,7 @@ def _fast_fields(raw: bytes) -> dict[str, Any] | None:
         return None
     text = raw.decode("ascii")  # same indices as raw; raw_decode needs str
     decoder = json.JSONDecoder()
+    logits_decoder = json.JSONDecoder(parse_int=_int_parser()[0])
     pos = len(raw) - len(raw.lstrip(_WHITESPACE))
     if raw[pos : pos + 1] != b"{":
         return None
@@ -218,6 +262,9 @@ def _fast_fields(raw: bytes) -> dict[str, Any] | None:
                 return None  # duplicate key: let json.loads decide (last one wins)
             if key in _ROW_KEYS and raw[pos : pos + 1] == b"[":
                 fields[key], pos = _fast_rows(raw, pos)
+            elif key == "router_logits":
+                value, pos = logits_decoder.raw_decode(text, pos)
+                fields[key] = _signed_zeros({key: value})[key]
             else:
                 fields[key], pos = decoder.raw_decode(text, pos)
             sep = _SEPARATOR.match(raw, pos)
@@ -296,14 +343,15 @@ def _json_fields(raw: bytes) -> dict[str, Any]:
     """All top-level fields via json.loads; raises ValueError when not JSON."""
     if not raw.strip(_WHITESPACE):
         raise ValueError("not valid JSON: the capture is empty (was it written?)")
+    parse_int, negative_zeros = _int_parser()
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_int=parse_int)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         # The Rust runtime prints a non-finite f32 logit as inf / -inf, which
         # JSON lacks; accept that spelling (json already reads NaN).
         patched = _RUST_INF.sub(rb"\1Infinity", raw) if _RUST_INF.search(raw) else None
         try:
-            obj = json.loads(patched) if patched is not None else None
+            obj = json.loads(patched, parse_int=parse_int) if patched is not None else None
         except ValueError:
             obj = None
         if obj is None:
@@ -317,7 +365,7 @@ def _json_fields(raw: bytes) -> dict[str, Any]:
             raise ValueError(f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"a capture is a JSON object, got {type(obj).__name__}")
-    return obj
+    return _signed_zeros(obj) if negative_zeros else obj
 
 
 # ---------------------------------------------------------------- validation

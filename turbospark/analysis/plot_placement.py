@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .capture import _shown
 from .plot import _integer_ticks, agg_figure
 
 __all__ = ["plot_placement", "read_document"]
@@ -24,6 +25,10 @@ _SERIES = (("before", "in_sample", "trivial, in sample", "tab:grey", "--o"),
            ("after", "in_sample", "placed, in sample", "tab:blue", "-o"),
            ("before", "out_of_sample", "trivial, out of sample", "tab:orange", "--s"),
            ("after", "out_of_sample", "placed, out of sample", "tab:red", "-s"))
+
+
+# What the figure's heading reads from the document's inputs.
+_HEADING_KEYS = ("num_layers", "num_experts", "slots", "gpus")
 
 
 def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -36,6 +41,13 @@ def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ValueError(f"not turbospark's placement JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("layers"), list) or "inputs" not in doc:
         raise ValueError("not turbospark's placement JSON (write it with `turbospark place --format json`)")
+    inputs = doc["inputs"]
+    if not isinstance(inputs, dict):
+        raise ValueError(f"the placement's inputs must be an object, got {_shown(inputs)}")
+    missing = [key for key in _HEADING_KEYS if key not in inputs]
+    if missing:
+        raise ValueError(f"the placement's inputs lack {', '.join(missing)} (write it with "
+                         "`turbospark place --format json`)")
     return doc
 
 

@@ -99,14 +99,36 @@ def _release(rows: Any) -> None:
         release()
 
 
+def _fitting(windows: Sequence[int], longest: int) -> list[int]:
+    """The windows a run of at most ``longest`` passes can fill (and any below 1, for the kernel to refuse).
+
+    A longer window counts no window at all; leaving it out keeps the
+    kernel's buffers (M - 1 passes of ring) from growing with it: a window
+    of 10**11 would ask for terabytes, 10**19 does not fit int64.
+    """
+    return [m for m in windows if m <= longest]
+
+
+def _widened(sums: dict[str, Any], windows: Sequence[int], fitted: Sequence[int]) -> dict[str, Any]:
+    """``sums`` of the ``fitted`` windows, with a zero total and count for each other one of ``windows``."""
+    if len(set(fitted)) == len(set(windows)):
+        return sums
+    kept = sorted(set(fitted))
+    total = dict(zip(kept, sums["window_total"]))
+    count = dict(zip(kept, sums["window_count"]))
+    every = sorted(set(windows))
+    return dict(sums, window_total=[total.get(m, 0) for m in every], window_count=[count.get(m, 0) for m in every])
+
+
 def run_sums(
     trace: Any, pred: Optional[Any], layer: int, num_experts: int, top_k: int,
     windows: Sequence[int], caches: Sequence[int], breaks: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The sums of layer ``layer`` of ``trace`` as one run (``pred``: the predictions, or None), chunk by chunk;
     ``breaks`` (``layer_breaks``) end the run there and start another."""
-    sums = new_sums(num_experts, top_k, windows, caches)
     passes = layer_rows(trace, layer)
+    fitted = _fitting(windows, passes)
+    sums = new_sums(num_experts, top_k, fitted, caches)
     guessed = layer_rows(pred, layer) if pred is not None else 0
     for start, stop in _pieces(passes, breaks):
         for lo in range(start, stop, CHUNK_PASSES):
@@ -115,7 +137,29 @@ def run_sums(
             sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
             _release(trace)
         sums.end_run()
+    return _widened(sums.sums(), windows, fitted)
+    passes = layer_rows(trace, layer)
+    fitted = _fitting(windows, passes)
+    sums = new_sums(num_experts, top_k, fitted, caches)
+    guessed = layer_rows(pred, layer) if pred is not None else 0
+<<<<<<< HEAD
+    for start, stop in _pieces(passes, breaks):
+        for lo in range(start, stop, CHUNK_PASSES):
+            hi = min(stop, lo + CHUNK_PASSES)
+            guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
+            sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
+            _release(trace)
+        sums.end_run()
     return sums.sums()
+=======
+    for lo in range(0, passes, CHUNK_PASSES):
+        hi = min(passes, lo + CHUNK_PASSES)
+        guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
+        sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
+        _release(trace)
+    sums.end_run()
+    return _widened(sums.sums(), windows, fitted)
+>>>>>>> cachemisc
 
 
 def runs_of(seq: np.ndarray, keep: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -133,10 +177,12 @@ def sequence_sums(
     top_k: int, windows: Sequence[int], caches: Sequence[int],
 ) -> dict[str, Any]:
     """The sums of a layer's ``ids`` over ``runs`` (from ``runs_of``), each run its own window and cache."""
-    sums = new_sums(num_experts, top_k, windows, caches)
     order, starts = runs
+    lengths = np.diff(np.append(np.asarray(starts, dtype=np.int64), order.shape[0]))
+    fitted = _fitting(windows, int(lengths.max()) if lengths.size else 0)
+    sums = new_sums(num_experts, top_k, fitted, caches)
     sums.add_runs(_ready(ids), None if pred is None else _ready(pred), order, starts)
-    return sums.sums()
+    return _widened(sums.sums(), windows, fitted)
 
 
 def _add_sums(total: Optional[dict[str, Any]], part: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +248,7 @@ def _tagged_piece(
 ) -> list[tuple[int, Optional[dict[str, Any]]]]:
     """``tagged_sums`` of the layer's rows ``start:stop`` alone."""
     passes = stop
+    full_windows, windows = windows, _fitting(windows, stop - start)
     lasts = _last_passes(seq, phase, layer, start, stop) if trace is not None else []
     counted = [0, 0, 0]
     whole = [new_sums(num_experts, top_k, windows, caches) if trace is not None else None for _ in range(3)]
@@ -254,8 +301,8 @@ def _tagged_piece(
         if whole[view] is None:
             out.append((counted[view], None))
             continue
-        out.append((counted[view], _add_sums(totals[view], whole[view].sums()) if totals[view] is not None
-                    else whole[view].sums()))
+        out.append((counted[view], _widened(_add_sums(totals[view], whole[view].sums()) if totals[view] is not None
+                    else whole[view].sums(), full_windows, windows)))
     return out
 
 

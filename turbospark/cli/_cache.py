@@ -87,7 +87,10 @@ def cache_lines(doc: dict[str, Any]) -> list[str]:
     """The text report of a ``cache_report`` document: one table per figure, sizes down, policies across."""
     model = doc["model"]
     streams = max((entry["streams"] for entry in doc["layers"]), default=0)
-    if doc["shared"]:
+    if doc["shared"] and doc["batch"] and doc.get("batches") == "consecutive passes":
+        how = (f"one cache per layer shared by all passes, in the recorder's order (no sequence tags: "
+               f"iterations of {doc['batch']} consecutive passes keep it)")
+    elif doc["shared"]:
         how = ("one cache per layer shared by all sequences, "
                + (f"in serving iterations of {doc['batch']} rows" if doc["batch"] else "in the recorder's order"))
     elif streams > 1:
@@ -118,9 +121,10 @@ def _table(title: str, sizes: list[int], names: list[str], values: dict[str, Any
            fmt: Callable[[float], str]) -> list[str]:
     cells = [[_cell(values.get(name), i, fmt) for name in names] for i in range(len(sizes))]
     width = 2 + max([len(n) for n in names] + [len(cell) for row in cells for cell in row])
-    out = [title + ":", "  slots" + "".join(n.rjust(width) for n in names)]
+    first = max([5] + [len(str(c)) for c in sizes])  # a size wider than the heading widens its column
+    out = [title + ":", "  " + "slots".rjust(first) + "".join(n.rjust(width) for n in names)]
     for c, row in zip(sizes, cells):
-        out.append(f"  {c:>5}" + "".join(cell.rjust(width) for cell in row))
+        out.append(f"  {c:>{first}}" + "".join(cell.rjust(width) for cell in row))
     return out
 
 

@@ -118,7 +118,8 @@ def read_placement(
     placement (a capture, say), a row count other than D + L, a YAML that
     misses a MoE layer (TensorRT-LLM's build would fail) or has a key outside
     D .. D + L - 1, a turbospark file made for another GPU count than
-    ``gpus``, empty rows, fewer slots than experts, an expert id outside the
+    ``gpus`` (or whose ``inputs`` is not an object, or ``inputs.gpus`` not a
+    positive integer), empty rows, fewer slots than experts, an expert id outside the
     capture, an expert with no slot, slots not divisible by the GPU count.
     Values it quotes are cut to 60 characters.
     """
@@ -131,7 +132,13 @@ def read_placement(
         is_json = True
     if isinstance(doc, dict) and "physical_to_logical_map" in doc:
         rows = doc["physical_to_logical_map"]
-        made_for = (doc.get("inputs") or {}).get("gpus")
+        inputs = doc.get("inputs")
+        inputs = {} if inputs is None else inputs
+        if not isinstance(inputs, dict):
+            raise ValueError(f"the placement's inputs must be an object, got {_shown(inputs)}")
+        made_for = inputs.get("gpus")
+        if made_for is not None and (type(made_for) is not int or made_for < 1):
+            raise ValueError(f"the placement's inputs.gpus must be a positive integer, got {_shown(made_for)}")
         if gpus is not None and made_for is not None and made_for != gpus:
             raise ValueError(f"the placement was made for {_shown(made_for)} GPUs (its inputs.gpus), "
                              f"not --gpus {gpus}")

@@ -266,7 +266,9 @@ class RecorderCore:
         tensor), ``seq`` one non-negative sequence id per row (list, ndarray or
         CPU tensor), ``phase`` ``"prompt"`` or ``"decode"`` for every row, and
         an optional boolean ``mask`` of length n: only the rows it keeps are
-        validated and recorded (the others may hold anything, e.g. -1 padding).
+        validated and recorded (the others may hold anything, e.g. -1 padding,
+        except that a dropped row's ``seq`` entry must still be an integer,
+        of any value: a str, float, bool or None there raises TypeError).
         Counts and trace are exactly those of ``record_many`` with the kept
         rows; the capture then also carries each pass's sequence id and phase,
         committed with the passes in one step (no write, signal handler or
@@ -275,8 +277,8 @@ class RecorderCore:
         ``mask``; a rejected call records nothing.
 
         Checks, in order: closed, layer, phase, the block's container and
-        shape, mask, seq (one non-negative id per row; dropped rows may hold
-        anything), then the ids; each into a private copy. The passes and
+        shape, mask, seq (one integer per row, non-negative int64 where
+        kept), then the ids; each into a private copy. The passes and
         their tags commit together.
         """
         with self._lock:

@@ -54,17 +54,26 @@ def block_copy(ids: Any) -> np.ndarray:
 def seq_copy(seq: Any, rows: int, keep: Optional[np.ndarray] = None) -> np.ndarray:
     """The ids of the rows ``keep`` keeps (all without it) as a private 1-D int64 array; raise TypeError/ValueError.
 
-    ``seq`` must hold one entry per row (``rows``); only the kept entries must
-    be non-negative integers (a dropped padding row may carry -1).
+    ``seq`` must hold one integer per row (``rows``), a dropped row's too
+    (any integer: a padding row may carry -1, or a sentinel beyond int64);
+    only the kept entries must be non-negative int64 sequence ids. Both cores
+    apply this one rule (the compiled one reads a list of ints itself and
+    hands anything else here).
     """
     error = device_error(seq, "seq")
     if error is not None:
         raise error
     if isinstance(seq, (str, bytes)) or seq is None:
         raise TypeError(f"seq must be a sequence of non-negative integers, got {type(seq).__name__} {seq!r}")
-    if isinstance(seq, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in seq):
-        bad = next(v for v in seq if isinstance(v, (bool, np.bool_)))
-        raise TypeError(f"seq must hold integers, found bool {bad!r}")
+    if isinstance(seq, (list, tuple)) and not any(isinstance(v, (list, tuple, np.ndarray)) for v in seq):
+        # Read entry by entry: numpy would turn a list mixing int64 and larger ints into floats.
+        for row, value in enumerate(seq):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"seq must hold integers, found {type(value).__name__} {value!r} at row {row}")
+        if len(seq) != rows:
+            raise ValueError(f"seq has {len(seq)} entries, expected one per row ({rows})")
+        kept = [int(v) for v in seq] if keep is None else [int(v) for v, k in zip(seq, keep.tolist()) if k]
+        return _checked_ids(kept)
     try:
         arr = np.asarray(seq).copy()
     except (TypeError, ValueError) as exc:
@@ -73,25 +82,33 @@ def seq_copy(seq: Any, rows: int, keep: Optional[np.ndarray] = None) -> np.ndarr
         raise ValueError(f"seq must be 1-D with one id per row, got shape {arr.shape}")
     if arr.shape[0] != rows:
         raise ValueError(f"seq has {arr.shape[0]} entries, expected one per row ({rows})")
+    if arr.dtype.kind == "O":
+        for row, value in enumerate(arr.tolist()):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"seq must hold integers, found {type(value).__name__} {value!r} at row {row}")
+    elif arr.dtype.kind not in "iu":
+        raise TypeError(f"seq must hold integers, got dtype {arr.dtype}")
     if keep is not None:
         arr = arr[keep]
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind == "O":
-        values = arr.tolist()
-        stray = next((v for v in values if not isinstance(v, int)), None)
-        if stray is not None:
-            raise TypeError(f"seq must hold integers, found {type(stray).__name__} {stray!r}")
-        low, high = min(values), max(values)
-    elif arr.dtype.kind in "iu":
-        low, high = int(arr.min()), int(arr.max())
-    else:
-        raise TypeError(f"seq must hold integers, got dtype {arr.dtype}")
+        return _checked_ids([int(v) for v in arr.tolist()])
+    if arr.size and int(arr.min()) < 0:
+        raise ValueError(f"seq holds a negative sequence id {int(arr.min())}")
+    if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"seq holds a sequence id too large for int64: {int(arr.max())}")
+    return arr.astype(np.int64)
+
+
+def _checked_ids(values: list[int]) -> np.ndarray:
+    """Kept sequence ids (Python ints) as int64; ValueError for one below 0 or beyond int64."""
+    if not values:
+        return np.zeros(0, dtype=np.int64)
+    low, high = min(values), max(values)
     if low < 0:
         raise ValueError(f"seq holds a negative sequence id {low}")
     if high > np.iinfo(np.int64).max:
         raise ValueError(f"seq holds a sequence id too large for int64: {high}")
-    return arr.astype(np.int64)
+    return np.array(values, dtype=np.int64)
 
 
 def mask_copy(mask: Any, rows: int) -> Optional[np.ndarray]:

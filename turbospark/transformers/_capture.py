@@ -13,7 +13,8 @@ Hooks, and what each one knows:
 ``generate`` is followed through the model's own methods, replaced on the
 instance for the duration (an override the user set on the instance is
 wrapped, and put back on exit): ``_prefill`` (the calls inside it are prompt
-tokens), ``_get_stopping_criteria`` (its result is wrapped so the capture
+tokens; with ``prefill_chunk_size`` it makes one call per chunk, and the later
+ones continue the sequences the first started), ``_get_stopping_criteria`` (its result is wrapped so the capture
 sees which sequences each step finishes) and ``_validate_generation_mode``
 (assisted generation is refused before the model runs: its candidate
 tokens are routed in blocks the decode-step rules cannot follow; so is
@@ -141,8 +142,10 @@ class _Session:
         self.mask: Optional[torch.Tensor] = None
         self.seq: Optional[torch.Tensor] = None
         self.phase = "prompt"
-        # Per generate call: inside _prefill?, rows finished so far, first sequence id.
+        # Per generate call: inside _prefill?, its model calls so far (a chunked prefill,
+        # prefill_chunk_size=N, makes one per chunk), rows finished so far, first sequence id.
         self.prefilling = False
+        self.prefill_calls = 0
         self.in_generate = False
         self.finished: Optional[torch.Tensor] = None  # CPU bool, one per row
         self.any_finished = False
@@ -262,6 +265,7 @@ class _Session:
     def _wrap_prefill(self, prefill: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             self.prefilling = True
+            self.prefill_calls = 0
             try:
                 return prefill(*args, **kwargs)
             finally:
@@ -317,7 +321,11 @@ class _Session:
             self._decode_step(batch, length)
             return
         decode = not self.in_generate and self._cache_holds_tokens(kwargs)
-        if not decode:
+        # A chunked prefill's later chunks continue the prompts its first chunk started.
+        continuing = self.prefilling and self.prefill_calls > 0
+        if self.prefilling:
+            self.prefill_calls += 1
+        if not decode and not continuing:
             # A prompt starts new sequences, numbered after every earlier one.
             self.seq_base, self.next_seq = self.next_seq, self.next_seq + batch
             self.finished = torch.zeros(batch, dtype=torch.bool) if self.in_generate else None

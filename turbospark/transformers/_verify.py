@@ -45,6 +45,7 @@ def expected_positions(
     attention_mask: Optional[torch.Tensor],
     eos_token_ids: Sequence[int],
     stopped: Optional[Sequence[Optional[int]]] = None,
+    prefill_chunk_size: Optional[int] = None,
 ) -> list[tuple[int, int]]:
     """(row, position) of every token the capture should hold, in recording order.
 
@@ -52,6 +53,9 @@ def expected_positions(
     the whole of ``sequences`` was the prompt, unpadded. ``stopped``: per
     row, the index (0 = first generated token) of the token at which a
     stopping criterion finished it, or None (see ``criteria_stops``).
+    ``prefill_chunk_size``: N when ``generate`` prefilled N prompt columns
+    per call (its ``prefill_chunk_size``): the prompt block is then routed
+    chunk by chunk, each chunk row by row.
     """
     batch, total = sequences.shape
     if attention_mask is None:
@@ -66,7 +70,9 @@ def expected_positions(
         if stop is not None:
             stops.append(int(stop))
         fed.append(min(min(stops) if stops else generated - 1, generated - 1) if generated else 0)
-    order = [(row, p) for row in range(batch) for p in range(prompt) if attention_mask[row, p]]
+    chunk = prompt if not prefill_chunk_size else int(prefill_chunk_size)
+    order = [(row, p) for start in range(0, prompt, max(chunk, 1)) for row in range(batch)
+             for p in range(start, min(start + chunk, prompt)) if attention_mask[row, p]]
     for step in range(max(fed, default=0)):
         order.extend((row, prompt + step) for row in range(batch) if step < fed[row])
     return order
@@ -124,6 +130,29 @@ def _padding_hint(sequences: torch.Tensor, prompt: int, model: nn.Module, eos_id
         return []
     return [f"sequence(s) {rows} end in padding (token {pad}) with no EOS: if generate stopped them with a "
             "StoppingCriteria or stop strings, pass the same stopping_criteria=, or stop_strings= and tokenizer=, to verify"]
+
+
+def _chunk_size(model: nn.Module, given: Optional[int]) -> Optional[int]:
+    """The prefill chunk size ``generate`` used: ``given``, else the model's generation_config's."""
+    if given is None:
+        given = getattr(getattr(model, "generation_config", None), "prefill_chunk_size", None)
+        if given is None:
+            return None
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise ValueError(f"prefill_chunk_size must be a positive integer, got {given!r}")
+    return given
+
+
+def _chunk_hint(captured: Capture) -> list[str]:
+    """A hint when the prompt passes go back to an earlier sequence: generate prefilled in chunks."""
+    if captured.seq is None or captured.phase is None:
+        return []
+    for seq, phase in zip(captured.seq, captured.phase):
+        prompt = np.asarray(seq)[np.asarray(phase) == 0]
+        if prompt.size > 1 and bool((np.diff(prompt) < 0).any()):
+            return ["the prompt passes return to earlier sequences, as when generate prefills in chunks: "
+                    "pass the same prefill_chunk_size= to verify"]
+    return []
 
 
 def _check_sequences(captured: Capture, layer: int, order: list[tuple[int, int]], prompt: int) -> list[str]:
@@ -206,6 +235,7 @@ def verify(
     stopping_criteria: Any = None,
     stop_strings: Union[str, Sequence[str], None] = None,
     tokenizer: Any = None,
+    prefill_chunk_size: Optional[int] = None,
 ) -> Verification:
     """Check that ``capture`` holds exactly ``model``'s routing of ``sequences``.
 
@@ -216,7 +246,10 @@ def verify(
     from ``eos_token_id`` or the model's ``generation_config``. When
     ``generate`` was given ``stopping_criteria`` or ``stop_strings`` (with a
     ``tokenizer``), pass the same here: they are replayed on the sequences
-    (``criteria_stops``) to find where each row stopped.
+    (``criteria_stops``) to find where each row stopped. So with
+    ``prefill_chunk_size`` (default: the model's ``generation_config``'s):
+    the prompt was routed chunk by chunk, and the capture holds it in that
+    order.
 
     Returns a ``Verification``: ok when every layer's counts equal the
     recomputed routes' counts and, with a trace, every pass's set of ids
@@ -226,7 +259,8 @@ def verify(
     Raises ``RuntimeError`` while a capture is running on the model (its
     hooks would record this forward), ``TypeError`` for an unsupported model
     or capture, ``ValueError`` when the mask does not fit the sequences or
-    ``stop_strings`` come without a ``tokenizer``.
+    ``stop_strings`` come without a ``tokenizer`` or ``prefill_chunk_size``
+    is not a positive integer.
     """
     if is_capturing(model):
         raise RuntimeError("verify() runs a forward pass: call it after the capture's with-block has ended")
@@ -249,7 +283,8 @@ def verify(
     routes = route_sequences(model, sequences, full_mask, routing)
     eos_ids = _eos_ids(model, eos_token_id)
     stopped = None if criteria is None else criteria_stops(criteria, sequences, prompt_width)
-    order = expected_positions(sequences, prompt_mask, eos_ids, stopped)
+    chunk = _chunk_size(model, prefill_chunk_size)
+    order = expected_positions(sequences, prompt_mask, eos_ids, stopped, chunk)
     rows = torch.tensor([row for row, _ in order], dtype=torch.long)
     cols = torch.tensor([col for _, col in order], dtype=torch.long)
     problems = []
@@ -278,4 +313,6 @@ def verify(
             )
     if problems and criteria is None:
         problems.extend(_padding_hint(sequences, prompt_width, model, eos_ids))
+    if problems and chunk is None:
+        problems.extend(_chunk_hint(captured))
     return Verification(not problems, len(order), captured.trace is not None, tuple(problems))
