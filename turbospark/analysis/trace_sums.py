@@ -138,28 +138,6 @@ def run_sums(
             _release(trace)
         sums.end_run()
     return _widened(sums.sums(), windows, fitted)
-    passes = layer_rows(trace, layer)
-    fitted = _fitting(windows, passes)
-    sums = new_sums(num_experts, top_k, fitted, caches)
-    guessed = layer_rows(pred, layer) if pred is not None else 0
-<<<<<<< HEAD
-    for start, stop in _pieces(passes, breaks):
-        for lo in range(start, stop, CHUNK_PASSES):
-            hi = min(stop, lo + CHUNK_PASSES)
-            guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
-            sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
-            _release(trace)
-        sums.end_run()
-    return sums.sums()
-=======
-    for lo in range(0, passes, CHUNK_PASSES):
-        hi = min(passes, lo + CHUNK_PASSES)
-        guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
-        sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
-        _release(trace)
-    sums.end_run()
-    return _widened(sums.sums(), windows, fitted)
->>>>>>> cachemisc
 
 
 def runs_of(seq: np.ndarray, keep: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
