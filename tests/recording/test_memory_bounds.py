@@ -39,7 +39,7 @@ for _ in range(BLOCKS):
     core._take_chunk()
 core.record_batch(0, ids[:3], seq=[7, 8, 9], phase="prompt")
 headroom(256 << 20)
-head, width, rows, logits = core._take_chunk()
+head, width, rows, logits, _ = core._take_chunk()
 print(head.decode())
 print(rows[0][0], np.frombuffer(rows[0][3], dtype=np.int64).tolist(), list(rows[0][4]))
 resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
