@@ -336,14 +336,8 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
                     call = np.repeat(step[by_step], width)
                     block = (np.arange(ids.size) - np.searchsorted(call, call)) // trtllm_block
                     group = call * (ids.size // trtllm_block + 1) + block
-                    key = group * experts + ids
-                    sort = np.argsort(key, kind="stable")
-                    first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
-                    occurrence = np.empty(ids.size, dtype=np.int64)
-                    occurrence[sort] = np.arange(ids.size) - first
-                    replica = (occurrence + block + offset) % r[ids]
-                    slot = order[layer, start[layer, ids] + replica]
-                    loads[layer] += np.bincount(slot // per_gpu, minlength=gpus)
+                    loads[layer] += _block_loads(ids, block, group * experts + ids, r, offset, order[layer],
+                                                 start[layer], per_gpu, gpus)
                     continue
                 flat = flow.traces[rank][layer].reshape(-1)
                 # Whole blocks at a time (a block's replicas depend on that block alone): the int64
@@ -351,14 +345,8 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
                 for lo in range(0, flat.size, _ROUND_ROBIN_CHUNK):
                     ids = flat[lo:lo + _ROUND_ROBIN_CHUNK].astype(np.int64)
                     block = (lo + np.arange(ids.size)) // trtllm_block
-                    key = block * experts + ids
-                    sort = np.argsort(key, kind="stable")
-                    first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
-                    occurrence = np.empty(ids.size, dtype=np.int64)
-                    occurrence[sort] = np.arange(ids.size) - first
-                    replica = (occurrence + block + offset) % r[ids]
-                    slot = order[layer, start[layer, ids] + replica]
-                    loads[layer] += np.bincount(slot // per_gpu, minlength=gpus)
+                    loads[layer] += _block_loads(ids, block, block * experts + ids, r, offset, order[layer],
+                                                 start[layer], per_gpu, gpus)
             else:
                 # Slots in (expert, slot) order: the q-th copy of its expert gets the j = (q - g) mod r
                 # occurrences j, j + r, ... of the expert's n tokens.
@@ -368,3 +356,16 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
                 got = (n - (q - offset) % r[expert] + r[expert] - 1) // r[expert]
                 loads[layer] += np.bincount(order[layer] // per_gpu, weights=got, minlength=gpus)
     return loads
+
+
+def _block_loads(ids: np.ndarray, block: np.ndarray, key: np.ndarray, r: np.ndarray, offset: Any,
+                 order: np.ndarray, start: np.ndarray, per_gpu: int, gpus: int) -> np.ndarray:
+    """Per-GPU loads of ``ids`` under round-robin within blocks: each (block, expert) run's n-th id goes to
+    replica (n + block + offset) mod r of its expert (``key``: the run each id belongs to)."""
+    sort = np.argsort(key, kind="stable")
+    first = np.searchsorted(key[sort], key[sort])  # first index of each (block, expert) run
+    occurrence = np.empty(ids.size, dtype=np.int64)
+    occurrence[sort] = np.arange(ids.size) - first
+    replica = (occurrence + block + offset) % r[ids]
+    slot = order[start[ids] + replica]
+    return np.bincount(slot // per_gpu, minlength=gpus)
