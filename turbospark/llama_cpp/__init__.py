@@ -1,0 +1,1 @@
+"""Recording inside llama.cpp through llama-cpp-python (extra ``llama-cpp``)."""

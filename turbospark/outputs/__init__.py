@@ -1,0 +1,1 @@
+"""What leaves turbospark: exporters (Parquet, JSON, replay) and plots."""
