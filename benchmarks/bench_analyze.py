@@ -32,8 +32,8 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from naive_analysis import naive_analyze_file  # noqa: E402
 
-from turbospark.analysis import analyze  # noqa: E402
-from turbospark.analysis.capture import load  # noqa: E402
+from turbospark.metrics import analyze  # noqa: E402
+from turbospark.capture.reader import load  # noqa: E402
 from turbospark.cli import main  # noqa: E402
 from turbospark.cli.simulate import RouterSimulator  # noqa: E402
 

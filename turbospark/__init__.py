@@ -14,7 +14,7 @@ never needs it (nor warns when only the slow fallback is available).
 from typing import TYPE_CHECKING, Any
 
 from .analysis.metrics import analyze
-from .analysis.capture import Capture, load, loads
+from .capture.reader import Capture, load, loads
 
 if TYPE_CHECKING:
     from .recording._backend import BACKEND

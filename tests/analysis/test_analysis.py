@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import naive_analysis as naive
 from capture_helpers import RUST_TRACE
 
-from turbospark.analysis import (
+from turbospark.metrics import (
     analyze,
     coverage,
     entropy_bits,
@@ -29,7 +29,7 @@ from turbospark.analysis import (
     uniform_window_distinct,
     window_distinct,
 )
-from turbospark.analysis.capture import loads
+from turbospark.capture.reader import loads
 
 
 def cap(doc: dict[str, Any]) -> Any:

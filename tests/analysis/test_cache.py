@@ -21,7 +21,7 @@ from turbospark.analysis.cache import (
     NO_PREDICTIONS, NO_TRACE, _kernel, cache_report, default_slots, parse_policies, parse_slots,
     simulate_cache,
 )
-from turbospark.analysis.capture import loads
+from turbospark.capture.reader import loads
 from turbospark.cli import main
 from turbospark.cli._cache import cache_lines, parse_bytes
 

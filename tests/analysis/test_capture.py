@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turbospark.analysis import capture as capture_module
-from turbospark.analysis.capture import Capture, load, loads
+from turbospark.capture import reader as capture_module
+from turbospark.capture.reader import Capture, load, loads
 from capture_helpers import RUST_COUNTS, RUST_PILOT, RUST_TRACE
 
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from turbospark.analysis import capture as capture_module
-from turbospark.analysis.capture import loads
+from turbospark.capture import reader as capture_module
+from turbospark.capture.reader import loads
 from turbospark.cli import main
 
 # Every byte class the fast path treats specially, plus some it must leave alone.

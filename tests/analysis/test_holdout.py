@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from turbospark.analysis.capture import loads
+from turbospark.capture.reader import loads
 from turbospark.cli import main
 from turbospark.analysis.holdout import NO_TRACE, covered, holdout, top_set
 

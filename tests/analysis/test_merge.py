@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from turbospark.cli import main
-from turbospark.analysis.capture import loads
-from turbospark.analysis.capture_sequences import sequences
+from turbospark.capture.reader import loads
+from turbospark.capture.sequences import sequences
 
 from placement_helpers import traced, write_capture
 

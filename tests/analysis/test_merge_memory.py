@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark.analysis.merge import merge_captures
+from turbospark.capture.merge import merge_captures
 
 from childproc import run_script
 

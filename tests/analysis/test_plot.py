@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import require_module
-from turbospark.analysis.capture import loads
+from turbospark.capture.reader import loads
 from turbospark.cli.simulate import RouterSimulator
 
 SMALL = loads(

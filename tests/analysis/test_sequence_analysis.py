@@ -12,7 +12,7 @@ import naive_analysis
 
 import turbospark
 from turbospark.analysis import sequences
-from turbospark.analysis import analyze
+from turbospark.metrics import analyze
 from turbospark.analysis.report import format_report
 
 LAYERS, EXPERTS, K, B = 3, 24, 3, 4

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark.analysis.merge import merge_captures
+from turbospark.capture.merge import merge_captures
 from turbospark.analysis.report import format_report
 from turbospark.cli import main
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import turbospark
 from turbospark.analysis import _metrics_py, trace_sums
-from turbospark.analysis.capture import Capture
+from turbospark.capture.reader import Capture
 from turbospark.analysis.metrics import analyze
 from turbospark.cli import main
 from turbospark.recording import _stream

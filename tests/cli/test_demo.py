@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from turbospark.analysis import analyze, self_test
+from turbospark.metrics import analyze, self_test
 from turbospark.cli import main
 from turbospark.cli.demo import DEFAULTS, run_demo
 from turbospark.cli.simulate import RouterSimulator

@@ -313,7 +313,7 @@ def test_a_streamed_capture_keeps_the_requests_map_through_export(tmp_path: Any)
     import io
 
     from turbospark.analysis.export_json import write_json
-    from turbospark.analysis.capture import Request
+    from turbospark.capture.reader import Request
     from turbospark.vllm._recorder import VllmRecorder
 
     entries = [Request(0, "a-1234abcd", 0, 0, 1), Request(1, 'b"q-00000000', 1, 3, 4)]

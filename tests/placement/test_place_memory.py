@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from turbospark.analysis.capture import Capture
+from turbospark.capture.reader import Capture
 from turbospark.placement import dispatch, samples
 from turbospark.placement.dispatch import LayerIds, dispatch_loads, routing, trtllm_block
 

@@ -109,7 +109,7 @@ def test_extreme_logits_match_the_reference(reference_tools: Any, tmp_path: Any,
 def test_a_negative_zero_logit_exports_as_the_reference_wrote_it(reference_tools: Any, tmp_path: Any) -> None:
     import io
 
-    from turbospark.analysis.capture import loads
+    from turbospark.capture.reader import loads
     from turbospark.analysis.export_json import write_json
 
     env = {

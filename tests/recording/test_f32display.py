@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import reference_harness
-from turbospark.recording._f32display import format_f32, format_f32_row
+from turbospark.capture._f32display import format_f32, format_f32_row
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "f32_display_golden.txt"
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from turbospark.recording._f32display import format_f32_row
+from turbospark.capture._f32display import format_f32_row
 
 # --- the model ---------------------------------------------------------------------------
 

@@ -393,7 +393,7 @@ def test_a_new_recording_leaves_a_loaded_capture_reading_the_old_file(tmp_path: 
 def test_a_writer_that_fails_otherwise_counts_the_rows_and_goes_on(tmp_path: Path, cls: Any,
                                                                    monkeypatch: pytest.MonkeyPatch,
                                                                    capfd: pytest.CaptureFixture[str]) -> None:
-    from turbospark.recording import _stream_format
+    from turbospark.capture import _stream_format
 
     path = tmp_path / "c.json"
     hist = cls(str(path), 1, 8, 1, trace="stream")

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark.analysis.capture import Request
-from turbospark.analysis.streamed import DamagedCapture
+from turbospark.capture.reader import Request
+from turbospark.capture.streamed import DamagedCapture
 from turbospark.cli import main
 from turbospark.recording import _stream
 from turbospark.vllm._recorder import VllmRecorder

@@ -54,9 +54,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .capture import Capture
-from .capture_sequences import serving_iterations
-from .trace_sums import layer_breaks
+from ..capture.reader import Capture
+from ..capture.sequences import serving_iterations
+from ..capture.rows import layer_breaks
 
 __all__ = [
     "DEFAULT_POLICIES",

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .metrics import coverage
-from .capture import Capture
+from ..capture.reader import Capture
 from .holdout import covered, top_set
 
 __all__ = ["compare", "compare_lines", "geometry_mismatch", "js_divergence"]

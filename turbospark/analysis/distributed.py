@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .capture import Capture, load
-from .merge import check_mergeable, input_width
+from ..capture.reader import Capture, load
+from ..capture.merge import check_mergeable, input_width
 from .metrics import _sizes, count_sum_failures, document
 from .partial import LayerPart, layer_entry, layer_part, trace_mismatch
 from .report import Heading

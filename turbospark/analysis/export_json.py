@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from .capture import Capture, logits_json, requests_key
+from ..capture.reader import Capture, logits_json, requests_key
 
 __all__ = ["write_json"]
 

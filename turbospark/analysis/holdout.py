@@ -24,8 +24,8 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from .metrics import COVERAGE_FRACTIONS, coverage
-from .capture import Capture
-from .capture_sequences import exact_fraction, fit_mask, split_unit
+from ..capture.reader import Capture
+from ..capture.sequences import exact_fraction, fit_mask, split_unit
 
 __all__ = ["NO_TRACE", "covered", "holdout", "holdout_lines", "top_set"]
 

@@ -30,8 +30,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from .capture import Capture
-from .trace_sums import layer_breaks, layer_rows, run_sums, trace_values
+from ..capture.reader import Capture
+from ..capture.rows import layer_breaks, layer_rows
+from .trace_sums import run_sums, trace_values
 
 __all__ = [
     "COVERAGE_FRACTIONS",

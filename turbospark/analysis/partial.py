@@ -22,10 +22,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .capture import Capture
+from ..capture.reader import Capture
 from .metrics import _passes, coverage, entropy_bits
 from .sequences import PHASE_NAMES
-from .trace_sums import layer_breaks, run_sums, runs_of, sequence_sums, tagged_sums, trace_values
+from ..capture.rows import layer_breaks
+from .trace_sums import run_sums, runs_of, sequence_sums, tagged_sums, trace_values
 
 __all__ = ["Group", "LayerPart", "layer_part", "layer_entry", "trace_mismatch"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .capture import _shown
+from ..capture.reader import _shown
 from .plot import _integer_ticks, agg_figure
 
 __all__ = ["plot_placement", "read_document"]

@@ -9,7 +9,7 @@ from typing import Any, Callable, Union
 
 
 from .metrics import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
-from .capture import Capture
+from ..capture.reader import Capture
 
 __all__ = ["Heading", "format_report", "heading"]
 

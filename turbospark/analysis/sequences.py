@@ -23,8 +23,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .capture import Capture
-from .trace_sums import CHUNK_PASSES, layer_breaks, layer_rows, tagged_sums, trace_values
+from ..capture.reader import Capture
+from ..capture.rows import CHUNK_PASSES, layer_breaks, layer_rows
+from .trace_sums import tagged_sums, trace_values
 
 __all__ = ["PHASE_NAMES", "layer_and_counts", "layer_by_sequence", "sequence_ids", "split"]
 

@@ -32,12 +32,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CHUNK_PASSES", "backend", "layer_breaks", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
-           "trace_values"]
+from ..capture import rows as _rows
+from ..capture.rows import _pieces, _release, _row_range, layer_breaks, layer_rows
 
-# 256 Ki passes: 2 MiB of a uint8 top-8 trace, 16 MiB as int64; large enough
-# that the per-chunk Python cost vanishes, small enough to bound memory.
-CHUNK_PASSES = 1 << 18
+__all__ = ["backend", "layer_breaks", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
+           "trace_values"]
 
 _WIDTHS = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.int64))
 
@@ -66,37 +65,6 @@ def _ready(ids: np.ndarray) -> np.ndarray:
     if ids.dtype not in _WIDTHS or not ids.dtype.isnative:
         ids = ids.astype(np.int64)
     return np.ascontiguousarray(ids)
-
-
-def layer_rows(rows: Any, layer: int) -> int:
-    """Rows (passes) of ``rows[layer]`` without building a streamed layer."""
-    count = getattr(rows, "row_count", None)
-    return int(count(layer)) if count is not None else int(rows[layer].shape[0])
-
-
-def layer_breaks(capture: Any, layer: int) -> list[int]:
-    """Where the rows of ``capture``'s layer ``layer`` break: the row indices (ascending, inside the layer)
-    at which a streamed capture's rows resume after a gap (a failed write); empty for any other capture.
-    A break is a sequence's end and a new one's start for every metric of consecutive passes."""
-    stream = getattr(capture, "stream", None)
-    return [] if stream is None else stream.breaks(layer)
-
-
-def _pieces(passes: int, breaks: Sequence[int]) -> list[tuple[int, int]]:
-    """The (start, stop) row ranges of a layer of ``passes`` rows cut at ``breaks``."""
-    bounds = [0] + [b for b in breaks if 0 < b < passes] + [passes]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _row_range(rows: Any, layer: int, lo: int, hi: int) -> np.ndarray:
-    piece = getattr(rows, "row_range", None)
-    return piece(layer, lo, hi) if piece is not None else rows[layer][lo:hi]
-
-
-def _release(rows: Any) -> None:
-    release = getattr(rows, "release", None)
-    if release is not None:
-        release()
 
 
 def _fitting(windows: Sequence[int], longest: int) -> list[int]:
@@ -131,8 +99,8 @@ def run_sums(
     sums = new_sums(num_experts, top_k, fitted, caches)
     guessed = layer_rows(pred, layer) if pred is not None else 0
     for start, stop in _pieces(passes, breaks):
-        for lo in range(start, stop, CHUNK_PASSES):
-            hi = min(stop, lo + CHUNK_PASSES)
+        for lo in range(start, stop, _rows.CHUNK_PASSES):
+            hi = min(stop, lo + _rows.CHUNK_PASSES)
             guess = _ready(_row_range(pred, layer, lo, min(hi, guessed))) if lo < guessed else None
             sums.feed(_ready(_row_range(trace, layer, lo, hi)), guess)
             _release(trace)
@@ -178,8 +146,8 @@ def _last_passes(seq: Any, phase: Any, layer: int, start: int, stop: int) -> lis
     """Per view (every pass, then the prompt passes, then the decode ones): the distinct sequence ids of the
     layer's rows ``start:stop``, ascending, and the index of each one's last pass in that view, read chunk by chunk."""
     views = [(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in range(3)]
-    for lo in range(start, stop, CHUNK_PASSES):
-        hi = min(stop, lo + CHUNK_PASSES)
+    for lo in range(start, stop, _rows.CHUNK_PASSES):
+        hi = min(stop, lo + _rows.CHUNK_PASSES)
         ids = np.asarray(_row_range(seq, layer, lo, hi), dtype=np.int64)
         codes = np.asarray(_row_range(phase, layer, lo, hi))
         for view, keep in enumerate((None, codes == 0, codes == 1)):
@@ -233,8 +201,8 @@ def _tagged_piece(
     totals: list[Optional[dict[str, Any]]] = [None, None, None]
     open_runs: list[dict[int, Any]] = [{}, {}, {}]
     guessed = layer_rows(pred, layer) if pred is not None else 0
-    for lo in range(start, passes, CHUNK_PASSES):
-        hi = min(passes, lo + CHUNK_PASSES)
+    for lo in range(start, passes, _rows.CHUNK_PASSES):
+        hi = min(passes, lo + _rows.CHUNK_PASSES)
         ids_chunk = np.asarray(_row_range(seq, layer, lo, hi), dtype=np.int64)
         codes = np.asarray(_row_range(phase, layer, lo, hi))
         rows = _ready(_row_range(trace, layer, lo, hi)) if trace is not None else None

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..analysis.capture import Capture
+from ..capture.reader import Capture
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import by_dispatch, dispatch_inputs, dispatch_lines, evaluate_map, model_means
 from ..placement.evaluate import trivial_map

@@ -10,8 +10,8 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ..recording._atomic import atomic_output, write_atomic
-from ..analysis.capture import Capture, load
-from ..analysis.capture_sequences import Sequences, sequences
+from ..capture.reader import Capture, load
+from ..capture.sequences import Sequences, sequences
 
 __all__ = ["UsageError", "add_verify", "draw_document", "emit", "read_capture", "run_guarded", "verifying",
            "verify_requested"]

@@ -17,9 +17,9 @@ from typing import Any, Sequence, TextIO
 
 from .. import __version__
 from ..analysis.metrics import DEFAULT_WINDOWS, analyze, self_test
-from ..analysis.capture import Capture, load
+from ..capture.reader import Capture, load
 from ..analysis.report import format_report
-from ..analysis.streamed import DamagedCapture
+from ..capture.streamed import DamagedCapture
 from ._io import add_verify, verify_requested
 
 __all__ = ["main"]

@@ -7,7 +7,7 @@ import sys
 from typing import Iterator
 
 from ._io import UsageError, read_capture
-from ..analysis.capture import Capture
+from ..capture.reader import Capture
 
 __all__ = ["export_parquet_command"]
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from ._io import UsageError, add_verify, draw_document, emit, read_capture, run_guarded
 from ..recording._atomic import atomic_output
-from ..analysis.capture_sequences import exact_fraction
-from ..analysis.capture import Capture
+from ..capture.sequences import exact_fraction
+from ..capture.reader import Capture
 from ..analysis.replay import routed_experts, save_routed_experts
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines

@@ -54,7 +54,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from ..analysis.merge import dropped_sequences, merged_pieces
+    from ..capture.merge import dropped_sequences, merged_pieces
 
     if len(args.inputs) < 2:
         raise UsageError("merge needs at least two captures")

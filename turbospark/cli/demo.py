@@ -12,7 +12,7 @@ import os
 import stat
 from typing import Any, Callable, Optional
 
-from ..analysis.capture import Capture, loads
+from ..capture.reader import Capture, loads
 from .simulate import RouterSimulator
 
 __all__ = ["DEFAULTS", "NEXT_STEPS", "CaptureNotWritten", "run_demo"]

@@ -54,8 +54,8 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..analysis.capture_sequences import Sequences, split_unit
-from ..analysis.capture import Capture
+from ..capture.sequences import Sequences, split_unit
+from ..capture.reader import Capture
 from . import Placement, place
 from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, LayerIds, Routing, dispatch_loads,
                        round_robin_note, routing)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.capture import _shown
+from ..capture.reader import _shown
 
 __all__ = ["FORMATS", "parse_trtllm", "read_placement", "read_placement_file", "render", "sglang_text", "trtllm_text"]
 

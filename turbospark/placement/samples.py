@@ -29,10 +29,10 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ..analysis.capture_sequences import Sequences, exact_fraction, fit_mask
-from ..analysis.capture_sequences import serving_iterations as _continuous_batches
-from ..analysis.capture import Capture
-from ..analysis.trace_sums import layer_rows
+from ..capture.sequences import Sequences, exact_fraction, fit_mask
+from ..capture.sequences import serving_iterations as _continuous_batches
+from ..capture.reader import Capture
+from ..capture.rows import layer_rows
 
 __all__ = ["Split", "batch_counts", "serving_steps", "split"]
 

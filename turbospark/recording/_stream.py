@@ -36,7 +36,8 @@ try:
 except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
-from . import _held, _lifecycle, _stream_format as fmt
+from . import _held, _lifecycle
+from ..capture import _stream_format as fmt
 from ._atomic import describe_os_error, fsync_directory
 from ._types import TakenRows
 

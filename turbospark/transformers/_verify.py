@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from turbospark.analysis.capture import Capture, load, loads
+from turbospark.capture.reader import Capture, load, loads
 from turbospark.transformers._capture import is_capturing
 from turbospark.transformers._routers import Routing, find_routing
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turbospark.analysis import capture
+from turbospark.capture import reader as capture
 from turbospark.recording.recorder import RouterHistogram
 
 __all__ = ["VllmRecorder", "requests_key"]

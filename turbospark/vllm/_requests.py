@@ -38,7 +38,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from turbospark.analysis.capture import Request
+from turbospark.capture.reader import Request
 
 __all__ = ["RequestTable", "StepTags"]
 

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Union, overload
 
 import numpy as np
 
-from ..recording import _stream_format as fmt
+from . import _stream_format as fmt
 
 __all__ = ["DamagedCapture", "LayerRows", "StreamInfo", "load_streamed"]
 

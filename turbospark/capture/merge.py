@@ -56,10 +56,10 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from .capture_sequences import Sequences, layer_passes
-from . import trace_sums
-from .trace_sums import layer_rows
-from .capture import Capture, Request, logits_json, requests_key
+from .sequences import Sequences, layer_passes
+from . import rows as row_reader
+from .rows import layer_rows
+from .reader import Capture, Request, logits_json, requests_key
 
 __all__ = ["check_mergeable", "dropped_sequences", "merge_captures", "merged_pieces", "sequence_width"]
 
@@ -135,7 +135,7 @@ def _joined_rows(parts: list[tuple[Any, Optional[int], int]], num_layers: int,
         written = False
         for index, (rows, default, offset) in enumerate(parts):
             count = layer_rows(rows, layer) if rows is not None else passes[index][layer]  # type: ignore[index]
-            chunk = trace_sums.CHUNK_PASSES
+            chunk = row_reader.CHUNK_PASSES
             for lo in range(0, count, chunk):
                 hi = min(count, lo + chunk)
                 if rows is None:

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..recording._f32display import logits_member
+from ._f32display import logits_member
 
 __all__ = ["Capture", "Request", "RouterLogits", "load", "loads", "requests_key"]
 

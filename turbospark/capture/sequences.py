@@ -32,8 +32,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .capture import Capture
-from .trace_sums import layer_rows
+from .reader import Capture
+from .rows import layer_rows
 
 __all__ = ["SPLIT_BY_PASSES", "SPLIT_BY_SEQUENCES", "Sequences", "exact_fraction", "fit_mask", "fit_split",
            "layer_passes", "sequences", "serving_iterations", "split_unit"]
