@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from turbospark.analysis import metrics
+from turbospark.metrics import layers as metrics
 from turbospark.capture.reader import Capture
 
 LAYERS, EXPERTS, TOP_K, POOL = 60, 128, 8, 4096

@@ -13,7 +13,7 @@ never needs it (nor warns when only the slow fallback is available).
 
 from typing import TYPE_CHECKING, Any
 
-from .analysis.metrics import analyze
+from .metrics.layers import analyze
 from .capture.reader import Capture, load, loads
 
 if TYPE_CHECKING:

@@ -204,7 +204,7 @@ def test_bitsets_span_several_words() -> None:
 
 
 def test_popcount_fallback_for_numpy_before_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    from turbospark.analysis import metrics as analysis
+    from turbospark.metrics import layers as analysis
 
     bits = pass_bitsets(ids([[0, 63], [64, 129], [5, 5]]), 130)
     expected = analysis._popcount(bits).tolist()

@@ -10,7 +10,7 @@ import pytest
 
 from turbospark.capture.reader import loads
 from turbospark.cli import main
-from turbospark.analysis.compare import compare, js_divergence
+from turbospark.metrics.compare import compare, js_divergence
 
 from placement_helpers import traced, write_capture
 

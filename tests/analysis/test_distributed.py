@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from turbospark.cli import main
-from turbospark.analysis import distributed as distributed_module
-from turbospark.analysis.distributed import analyze_files
+from turbospark.metrics import distributed as distributed_module
+from turbospark.metrics.distributed import analyze_files
 
 from conftest import require_module
 from placement_helpers import write_capture

@@ -10,7 +10,7 @@ import pytest
 
 from turbospark.capture.reader import loads
 from turbospark.cli import main
-from turbospark.analysis.holdout import NO_TRACE, covered, holdout, top_set
+from turbospark.metrics.holdout import NO_TRACE, covered, holdout, top_set
 
 from placement_helpers import traced, write_capture
 

@@ -58,7 +58,7 @@ def test_the_merged_pieces_are_merge_captures_bytes_for_any_chunk(monkeypatch: p
                 hist.record_prediction_many(step % 3, ids)
     inputs = [(str(p), c, None if c.seq is None else (c.seq, c.phase)) for p in paths
               for c in [turbospark.load(p)]]
-    from turbospark.analysis import trace_sums
+    from turbospark.metrics import trace_sums
 
     texts = []
     for chunk in (1, 2, 1 << 18):

@@ -11,9 +11,9 @@ import pytest
 import naive_analysis
 
 import turbospark
-from turbospark.analysis import sequences
+from turbospark.metrics import sequences
 from turbospark.metrics import analyze
-from turbospark.analysis.report import format_report
+from turbospark.metrics.report import format_report
 
 LAYERS, EXPERTS, K, B = 3, 24, 3, 4
 WINDOWS, CACHES = [1, 2, 3, 5], [2, 6]

@@ -11,7 +11,7 @@ import pytest
 
 import turbospark
 from turbospark.capture.merge import merge_captures
-from turbospark.analysis.report import format_report
+from turbospark.metrics.report import format_report
 from turbospark.cli import main
 
 # Layer 0: 3 passes, the first 2 kept; layer 1: 1 pass, nothing dropped.

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import turbospark
-from turbospark.analysis import _metrics_py, trace_sums
+from turbospark.metrics import _metrics_py, trace_sums
 from turbospark.capture.reader import Capture
-from turbospark.analysis.metrics import analyze
+from turbospark.metrics.layers import analyze
 from turbospark.cli import main
 from turbospark.recording import _stream
 

@@ -161,7 +161,7 @@ def test_merge_and_compare_take_verify(tmp_path: Path, capfd: pytest.CaptureFixt
 
 
 def test_analyze_files_refuses_a_file_replaced_between_its_tasks(tmp_path: Path) -> None:
-    from turbospark.analysis import distributed
+    from turbospark.metrics import distributed
 
     path = tmp_path / "c.json"
     versions = []

@@ -6,5 +6,5 @@ them. Nothing here imports the recorder core.
 """
 
 # The metrics module's __all__ is the one list of public metric names.
-from .metrics import *  # noqa: F403
-from .metrics import __all__ as __all__
+from ..metrics.layers import *  # noqa: F403
+from ..metrics.layers import __all__ as __all__

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import coverage, pilot_scores, uniform_window_distinct, window_distinct
+from ..metrics.layers import coverage, pilot_scores, uniform_window_distinct, window_distinct
 from ..capture.reader import Capture
 
 __all__ = ["INSTALL_HINT", "MissingMatplotlib", "agg_figure", "build_figure", "plot_capture", "relative_share"]

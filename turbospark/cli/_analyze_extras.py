@@ -58,7 +58,7 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
     if args.placement is not None:
         _placement(capture, args.placement, args.gpus, args.dispatch or "even", args.first_moe_layer, out)
     if args.holdout is not None:
-        from ..analysis.holdout import holdout, holdout_lines
+        from ..metrics.holdout import holdout, holdout_lines
 
         doc = holdout(capture, args.holdout)
         out.doc["holdout"] = doc

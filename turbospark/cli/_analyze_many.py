@@ -8,8 +8,8 @@ import json
 import sys
 from typing import Any
 
-from ..analysis.metrics import DEFAULT_WINDOWS
-from ..analysis.report import format_report
+from ..metrics.layers import DEFAULT_WINDOWS
+from ..metrics.report import format_report
 
 __all__ = ["analyze_many"]
 
@@ -21,7 +21,7 @@ _SINGLE = (("self_test", "--self-test"), ("placement", "--placement"), ("holdout
 def analyze_many(args: argparse.Namespace) -> int:
     """Print the report (``--json``: the document) of ``args.capture``'s merge; returns the exit status:
     0, 1 when a check fails, 2 when the job cannot run (named on stderr)."""
-    from ..analysis.distributed import analyze_files, connect, dask_runner
+    from ..metrics.distributed import analyze_files, connect, dask_runner
 
     given = [flag for name, flag in _SINGLE if getattr(args, name) not in (None, False)]
     if given or args.first_moe_layer:

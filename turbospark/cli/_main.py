@@ -16,9 +16,9 @@ import sys
 from typing import Any, Sequence, TextIO
 
 from .. import __version__
-from ..analysis.metrics import DEFAULT_WINDOWS, analyze, self_test
+from ..metrics.layers import DEFAULT_WINDOWS, analyze, self_test
 from ..capture.reader import Capture, load
-from ..analysis.report import format_report
+from ..metrics.report import format_report
 from ..capture.streamed import DamagedCapture
 from ._io import add_verify, verify_requested
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ._io import UsageError, add_verify, emit, emit_pieces, read_capture, run_guarded
-from ..analysis.compare import compare, compare_lines, geometry_mismatch
+from ..metrics.compare import compare, compare_lines, geometry_mismatch
 
 __all__ = ["add_commands"]
 

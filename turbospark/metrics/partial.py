@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..capture.reader import Capture
-from .metrics import _passes, coverage, entropy_bits
+from .layers import _passes, coverage, entropy_bits
 from .sequences import PHASE_NAMES
 from ..capture.rows import layer_breaks
 from .trace_sums import run_sums, runs_of, sequence_sums, tagged_sums, trace_values

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..capture.reader import Capture, load
 from ..capture.merge import check_mergeable, input_width
-from .metrics import _sizes, count_sum_failures, document
+from .layers import _sizes, count_sum_failures, document
 from .partial import LayerPart, layer_entry, layer_part, trace_mismatch
 from .report import Heading
 from .sequences import sequence_ids

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 
-from .metrics import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
+from .layers import COVERAGE_FRACTIONS, count_sum_failures, trace_mismatches, uniform_window_distinct
 from ..capture.reader import Capture
 
 __all__ = ["Heading", "format_report", "heading"]

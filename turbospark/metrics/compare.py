@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .metrics import coverage
+from .layers import coverage
 from ..capture.reader import Capture
 from .holdout import covered, top_set
 

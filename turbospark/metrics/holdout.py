@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from .metrics import COVERAGE_FRACTIONS, coverage
+from .layers import COVERAGE_FRACTIONS, coverage
 from ..capture.reader import Capture
 from ..capture.sequences import exact_fraction, fit_mask, split_unit
 

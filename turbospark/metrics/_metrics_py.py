@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .metrics import _popcount, _window_totals, lru_stack_distances, pass_bitsets
+from ._primitives import _popcount, _window_totals, lru_stack_distances, pass_bitsets
 
 __all__ = ["RunSums"]
 
