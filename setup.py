@@ -1,5 +1,5 @@
 """Builds the compiled core ``turbospark.recording._recorder``, the expert-cache kernels
-``turbospark.analysis._cache_kernels`` and the trace-metric sums ``turbospark.analysis._metrics_kernels``
+``turbospark.offload._cache_kernels`` and the trace-metric sums ``turbospark.metrics._metrics_kernels``
 from ``csrc/``; metadata lives in pyproject.toml."""
 
 import numpy
@@ -25,13 +25,13 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
     Extension(
-        "turbospark.analysis._cache_kernels",
+        "turbospark.offload._cache_kernels",
         ["csrc/_cache.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     ),
     Extension(
-        "turbospark.analysis._metrics_kernels",
+        "turbospark.metrics._metrics_kernels",
         ["csrc/_metrics.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from turbospark.analysis import _cache_kernels, _cache_py
+from turbospark.offload import _cache_kernels, _cache_py
 from turbospark.cli.simulate import RouterSimulator
 
 EXPERTS, TOP_K = 128, 8

@@ -1,7 +1,7 @@
 # Expert-cache simulation kernels: LRU, LFU and Belady's MIN over a layer's
 # trace, with optional one-layer-ahead prefetch. The pure-Python twin,
-# turbospark/analysis/_cache_py.py, is the reference this must match exactly;
-# the definitions are in docs/cache.md and turbospark/analysis/cache.py.
+# turbospark/offload/_cache_py.py, is the reference this must match exactly;
+# the definitions are in docs/cache.md and turbospark/offload/cache.py.
 #
 # LRU is a doubly linked list (O(1) per use); LFU and Belady keep one eviction
 # key per resident expert in a binary min-heap indexed by expert (O(log C) per
@@ -19,7 +19,7 @@ from libc.stdlib cimport calloc, free, malloc
 cimport numpy as cnp
 import numpy as np
 
-from turbospark.analysis._cache_py import check_arguments
+from turbospark.offload._cache_py import check_arguments
 
 cnp.import_array()
 
@@ -290,7 +290,7 @@ def simulate(
     int policy,
     object pred=None,
 ):
-    """Serve ``ids[order]`` from a ``slots``-expert cache; see ``turbospark.analysis._cache_py.simulate``.
+    """Serve ``ids[order]`` from a ``slots``-expert cache; see ``turbospark.offload._cache_py.simulate``.
 
     Takes C-contiguous int64 arrays (ids in 0..num_experts-1, order a list
     of pass indices, starts the ascending run starts into order beginning at

@@ -1,7 +1,7 @@
 # Per-layer trace metrics of `analyze` as exact integer sums, one pass at a
 # time, reading the trace in its own id width (uint8/uint16/uint32/int64).
-# The pure-Python twin, turbospark/analysis/_metrics_py.py, is the reference
-# this must match exactly; turbospark/analysis/trace_sums.py turns the sums
+# The pure-Python twin, turbospark/metrics/_metrics_py.py, is the reference
+# this must match exactly; turbospark/metrics/trace_sums.py turns the sums
 # into the report's floats, the same way for both.
 #
 # State per run (a sequence's passes, or a whole untagged layer) is O(E):

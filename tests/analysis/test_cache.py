@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from turbospark.analysis import _cache_py
-from turbospark.analysis.cache import (
+from turbospark.offload import _cache_py
+from turbospark.offload.cache import (
     NO_PREDICTIONS, NO_TRACE, _kernel, cache_report, default_slots, parse_policies, parse_slots,
     simulate_cache,
 )

@@ -172,7 +172,7 @@ def test_self_probe_reads_100_percent(name: str, tmp_path: Any, capfd: Any) -> N
         np.testing.assert_array_equal(cap.pred[layer], cap.trace[layer])
     assert "pilot_distance" not in path.read_text()
     # The cache simulation prefetches every routed layer perfectly, the first one included.
-    from turbospark.analysis.cache import cache_report
+    from turbospark.offload.cache import cache_report
 
     layers = cache_report(cap, [cap.top_k], ["pilot"])["layers"]
     assert [entry["hit_rate"]["pilot+lru"] for entry in layers if entry["needed"]] == [[1.0]] * len(routed)

@@ -8,7 +8,7 @@ import re
 from typing import Any, Callable
 
 from ._io import UsageError, add_verify, draw_document, emit, read_capture, run_guarded
-from ..analysis.cache import DEFAULT_POLICIES, POLICIES, cache_report, parse_policies, parse_slots
+from ..offload.cache import DEFAULT_POLICIES, POLICIES, cache_report, parse_policies, parse_slots
 
 __all__ = ["add_command", "cache_lines", "draw_cache", "parse_bytes"]
 
