@@ -14,7 +14,7 @@ import pytest
 
 import turbospark
 from turbospark.cli import main
-from turbospark.analysis.parquet import FORMAT, MissingPyarrow, export_parquet, id_type
+from turbospark.outputs.parquet import FORMAT, MissingPyarrow, export_parquet, id_type
 
 from conftest import require_module
 from placement_helpers import traced, write_capture

@@ -22,7 +22,7 @@ SMALL = loads(
 @pytest.fixture(scope="module")
 def plot() -> Any:
     require_module("matplotlib")
-    from turbospark.analysis import plot as module
+    from turbospark.outputs import plot as module
 
     return module
 

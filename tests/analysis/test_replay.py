@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark.analysis.replay import (
+from turbospark.outputs.replay import (
     FORMAT, RoutedExperts, id_dtype, load_routed_experts, routed_experts, save_routed_experts, to_bytes,
 )
 from turbospark.cli import main

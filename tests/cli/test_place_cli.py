@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from turbospark.analysis.replay import load_routed_experts
+from turbospark.outputs.replay import load_routed_experts
 from turbospark.cli import main
 from turbospark.placement.formats import parse_trtllm, read_placement
 from turbospark.placement.samples import batch_counts

@@ -225,7 +225,7 @@ def test_next_probe_without_dense_gaps_keeps_the_reference_json(tmp_path: Any) -
 
 
 def test_a_streamed_model_capture_is_the_in_memory_capture(tmp_path: Any) -> None:
-    from turbospark.analysis.export_json import write_json
+    from turbospark.outputs.export_json import write_json
     import io
 
     model = build("qwen3_moe")  # a dense layer between routed ones: pilot_distance is written

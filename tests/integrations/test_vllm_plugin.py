@@ -312,7 +312,7 @@ def test_capture_without_requests_key() -> None:
 def test_a_streamed_capture_keeps_the_requests_map_through_export(tmp_path: Any) -> None:
     import io
 
-    from turbospark.analysis.export_json import write_json
+    from turbospark.outputs.export_json import write_json
     from turbospark.capture.reader import Request
     from turbospark.vllm._recorder import VllmRecorder
 

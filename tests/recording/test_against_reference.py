@@ -110,7 +110,7 @@ def test_a_negative_zero_logit_exports_as_the_reference_wrote_it(reference_tools
     import io
 
     from turbospark.capture.reader import loads
-    from turbospark.analysis.export_json import write_json
+    from turbospark.outputs.export_json import write_json
 
     env = {
         "TURBOSPARK_ROUTER_HIST": str(tmp_path / "reference.json"),

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark.analysis.export_json import write_json
+from turbospark.outputs.export_json import write_json
 from turbospark.recording import _held, _lifecycle, _recorder_py, _sigterm, _stream, recorder
 
 #: The frames of the hand-over: where rows are taken, queued, flushed, and the summary written.

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import turbospark
-from turbospark.analysis.export_json import write_json
+from turbospark.outputs.export_json import write_json
 from turbospark.cli import main
 from turbospark.recording import _stream
 from childproc import progress_until_killed, run_script

@@ -78,7 +78,7 @@ def _run_cache(args: argparse.Namespace) -> int:
 
 def draw_cache(path: str, output: str) -> int:
     """``plot --cache``: draw the cache document at ``path`` into ``output``; returns the exit status."""
-    from ..analysis.plot_cache import plot_cache, read_cache_document
+    from ..outputs.plot_cache import plot_cache, read_cache_document
 
     return draw_document(path, output, read_cache_document, plot_cache)
 

@@ -84,7 +84,7 @@ def emit_pieces(pieces: Iterable[str], output: Optional[str]) -> None:
 def draw_document(path: str, output: str, read: Callable[[str], Any], plot: Callable[..., None]) -> int:
     """``plot --placement`` / ``--cache``: ``read(path)``, then ``plot(doc, output, title=...)``; returns the
     exit status (2 with a ``turbospark:`` line for an unreadable document, no matplotlib or an unwritable image)."""
-    from ..analysis.plot import MissingMatplotlib
+    from ..outputs.plot import MissingMatplotlib
 
     try:
         doc = read(path)

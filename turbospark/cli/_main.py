@@ -288,7 +288,7 @@ def _recall(value: float | None) -> str:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from ..analysis.plot import MissingMatplotlib, plot_capture
+    from ..outputs.plot import MissingMatplotlib, plot_capture
 
     if sum(x is not None for x in (args.capture, args.placement, args.cache)) != 1:
         print("turbospark: plot takes a CAPTURE, --placement FILE or --cache FILE (one of the three)",

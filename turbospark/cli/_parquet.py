@@ -14,7 +14,7 @@ __all__ = ["export_parquet_command"]
 
 def export_parquet_command(args: argparse.Namespace) -> int:
     """Run the export; returns 0. Raises ``UsageError`` (exit 2) naming what stops it."""
-    from ..analysis.parquet import MissingPyarrow, export_parquet
+    from ..outputs.parquet import MissingPyarrow, export_parquet
 
     if args.output in (None, "-"):
         raise UsageError("--to parquet writes a directory of files: give -o DIR (like -o routing.parquet)")

@@ -14,7 +14,7 @@ from ._io import UsageError, add_verify, draw_document, emit, read_capture, run_
 from ..recording._atomic import atomic_output
 from ..capture.sequences import exact_fraction
 from ..capture.reader import Capture
-from ..analysis.replay import routed_experts, save_routed_experts
+from ..outputs.replay import routed_experts, save_routed_experts
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
 from ..placement.formats import FORMATS, read_placement_file, render
@@ -262,7 +262,7 @@ def _export_routed_experts(args: argparse.Namespace) -> int:
 
 
 def _export_json(args: argparse.Namespace) -> int:
-    from ..analysis.export_json import write_json
+    from ..outputs.export_json import write_json
 
     capture, _ = read_capture(args.capture)
     if args.output in (None, "-"):
@@ -279,6 +279,6 @@ def _export_json(args: argparse.Namespace) -> int:
 
 def draw_placement(path: str, output: str) -> int:
     """``plot --placement``: draw the placement document at ``path`` into ``output``; returns the exit status."""
-    from ..analysis.plot_placement import plot_placement, read_document
+    from ..outputs.plot_placement import plot_placement, read_document
 
     return draw_document(path, output, read_document, plot_placement)
