@@ -60,7 +60,7 @@ import published_eplb  # noqa: E402
 
 from turbospark.placement import place  # noqa: E402
 from turbospark.placement.dispatch import DISPATCH, Routing, dispatch_loads, routing  # noqa: E402
-from turbospark.placement.evaluate import gpu_loads, imbalance, trivial_map  # noqa: E402
+from turbospark.placement.dispatch import gpu_loads, imbalance, trivial_map  # noqa: E402
 from turbospark.placement.migrate import align, moved_slots, rebalance  # noqa: E402
 from turbospark.cli.simulate import RouterSimulator  # noqa: E402
 

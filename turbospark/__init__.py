@@ -13,8 +13,12 @@ never needs it (nor warns when only the slow fallback is available).
 
 from typing import TYPE_CHECKING, Any
 
-from .metrics.layers import analyze
+from . import _moved
 from .capture.reader import Capture, load, loads
+from .metrics.layers import analyze
+
+# The old paths of moved modules (turbospark.analysis.cache, ...) resolve, with a warning, for one release.
+_moved.install()
 
 if TYPE_CHECKING:
     from .recording._backend import BACKEND

@@ -20,7 +20,7 @@ from turbospark.cli import main
 from turbospark.placement import place
 from turbospark.placement.dispatch import SGLANG_SEED, DISPATCH, dispatch_loads, routing, static_layer_loads, static_slots
 from turbospark.placement._static import _Layer, divisor_placement, static_search
-from turbospark.placement.evaluate import imbalance, replica_counts
+from turbospark.placement.dispatch import imbalance, replica_counts
 
 from placement_helpers import traced, write_capture
 

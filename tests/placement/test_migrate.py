@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from turbospark.cli import main
 from turbospark.placement import place
 from turbospark.placement.dispatch import DISPATCH, dispatch_loads, routing
-from turbospark.placement.evaluate import gpu_loads, replica_counts
+from turbospark.placement.dispatch import gpu_loads, replica_counts
 from turbospark.placement.migrate import align, moved_slots, rebalance
 
 from placement_helpers import write_capture

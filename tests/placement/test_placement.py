@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from turbospark.placement import place
 from turbospark.placement._greedy import eplb
-from turbospark.placement.evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
+from turbospark.placement.dispatch import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
 
 from placement_helpers import benchmark_module
 

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..capture.reader import Capture
-from ..placement.dispatch import DISPATCH, Routing, routing
+from ..placement.dispatch import DISPATCH, Routing, routing, trivial_map
 from ..placement.document import by_dispatch, dispatch_inputs, dispatch_lines, evaluate_map, model_means
-from ..placement.evaluate import trivial_map
 from ..placement.formats import read_placement_file
 
 __all__ = ["Extras", "add_options", "extras"]

@@ -31,8 +31,8 @@ import numpy as np
 from ._greedy import eplb
 from ._refine import refine
 from ._static import divisor_placement, static_search
-from .dispatch import DISPATCH, Routing, known_loads, routing, source_counts, static_generators, static_layer_loads
-from .evaluate import gpu_loads, imbalance, replica_counts, trivial_map
+from .dispatch import (DISPATCH, Routing, gpu_loads, imbalance, known_loads, replica_counts, routing, source_counts,
+                       static_generators, static_layer_loads, trivial_map)
 
 __all__ = ["DISPATCH", "Placement", "Routing", "check_geometry", "place", "routing", "trivial_map"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .evaluate import replica_counts
+from .dispatch import replica_counts
 
 __all__ = ["refine"]
 

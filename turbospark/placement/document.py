@@ -58,8 +58,7 @@ from ..capture.sequences import Sequences, split_unit
 from ..capture.reader import Capture
 from . import Placement, place
 from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, LayerIds, Routing, dispatch_loads,
-                       round_robin_note, routing)
-from .evaluate import gpu_loads, imbalance, layer_stats, replica_counts, trivial_map
+                       gpu_loads, imbalance, layer_stats, replica_counts, round_robin_note, routing, trivial_map)
 from .migrate import align, moved_slots, rebalance
 from .samples import Split, batch_counts, serving_steps, split, window_sequences
 

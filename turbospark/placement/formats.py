@@ -242,7 +242,7 @@ def check_map(phy2log: np.ndarray, num_layers: int, num_experts: int, gpus: int)
     low, high = int(phy2log.min()), int(phy2log.max())
     if low < 0 or high >= num_experts:
         raise ValueError(f"the placement holds expert id {low if low < 0 else high}, outside 0..{num_experts - 1}")
-    from .evaluate import replica_counts
+    from .dispatch import replica_counts
 
     missing = np.argwhere(replica_counts(phy2log, num_experts) == 0)
     if missing.size:
