@@ -51,6 +51,14 @@ MOVED: dict[str, str] = {
     # The capture format, which the recorder and the readers share.
     "turbospark.recording._stream_format": "turbospark.capture._stream_format",
     "turbospark.recording._f32display": "turbospark.capture._f32display",
+    # The recorder's durability (writes at exit, signals, checkpoints, the sidecar's writer) is a
+    # room of its own; the atomic write sits below every room that writes a file.
+    "turbospark.recording._atomic": "turbospark._atomic",
+    "turbospark.recording._checkpoint": "turbospark.recording.durable._checkpoint",
+    "turbospark.recording._lifecycle": "turbospark.recording.durable._lifecycle",
+    "turbospark.recording._sigterm": "turbospark.recording.durable._sigterm",
+    "turbospark.recording._held": "turbospark.recording.durable._held",
+    "turbospark.recording._stream": "turbospark.recording.durable._stream",
     # One module for a layer's GPU loads under a dispatch model.
     "turbospark.placement.evaluate": "turbospark.placement.dispatch",
 }

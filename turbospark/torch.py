@@ -201,7 +201,7 @@ class DeviceRecorder:
         try:
             self.flush()
         except Exception as exc:  # noqa: BLE001 -- a finalizer never raises
-            from .recording import _lifecycle
+            from .recording.durable import _lifecycle
 
             _lifecycle.report(f"[router-hist] FAILED recording staged ids for {hist.path}: {exc}")
 

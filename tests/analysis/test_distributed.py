@@ -244,7 +244,7 @@ def test_the_docs_usage_lines_run(tmp_path: Path, scheduler: str, capfd: pytest.
 def _streamed_and_in_memory(tmp_path: Path, count: int) -> tuple[list[str], list[str]]:
     """``count`` captures recorded twice, streamed and in memory (same calls), in two directories."""
     from turbospark import RouterHistogram
-    from turbospark.recording import _stream
+    from turbospark.recording.durable import _stream
 
     saved = _stream.CHUNK_IDS
     _stream.CHUNK_IDS = 40  # many frames per layer

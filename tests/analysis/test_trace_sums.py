@@ -21,7 +21,7 @@ from turbospark.metrics import _metrics_py, trace_sums
 from turbospark.capture.reader import Capture
 from turbospark.metrics.layers import analyze
 from turbospark.cli import main
-from turbospark.recording import _stream
+from turbospark.recording.durable import _stream
 
 from childproc import run_script
 from naive_analysis import lru_counts

@@ -86,11 +86,11 @@ def test_useful_configurations_are_quiet(make: Callable[..., Any], tmp_path: pat
 def test_the_constructor_rejects_a_capture_that_cannot_be_useful(
     tmp_path: pathlib.Path, sizes: tuple[int, int, int], message: str
 ) -> None:
-    live = turbospark.recording._lifecycle.pending_count()
+    live = turbospark.recording.durable._lifecycle.pending_count()
     with pytest.raises(ValueError) as info:
         RouterHistogram(str(tmp_path / "c.json"), *sizes, trace=True)
     assert str(info.value) == message
-    assert turbospark.recording._lifecycle.pending_count() == live
+    assert turbospark.recording.durable._lifecycle.pending_count() == live
     assert list(tmp_path.iterdir()) == []
 
 

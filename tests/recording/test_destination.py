@@ -26,7 +26,7 @@ HIST = "TURBOSPARK_ROUTER_HIST"
 
 
 def live_count() -> int:
-    return turbospark.recording._lifecycle.pending_count()
+    return turbospark.recording.durable._lifecycle.pending_count()
 
 
 @pytest.mark.parametrize(

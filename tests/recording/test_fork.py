@@ -336,7 +336,7 @@ def busy():
         # The module's registry lock, taken by every construction and close.
         import turbospark.recording.recorder
 
-        with turbospark.recording._lifecycle._lock:
+        with turbospark.recording.durable._lifecycle._lock:
             inside.set()
             release.wait()
 

@@ -29,7 +29,8 @@ import pytest
 
 import turbospark
 from turbospark.outputs.export_json import write_json
-from turbospark.recording import _held, _lifecycle, _recorder_py, _sigterm, _stream, recorder
+from turbospark.recording.durable import _held, _lifecycle, _sigterm, _stream
+from turbospark.recording import _recorder_py, recorder
 
 #: The frames of the hand-over: where rows are taken, queued, flushed, and the summary written.
 HAND_OVER = {

@@ -26,7 +26,7 @@ import pytest
 import turbospark
 from turbospark.outputs.export_json import write_json
 from turbospark.cli import main
-from turbospark.recording import _stream
+from turbospark.recording.durable import _stream
 from childproc import progress_until_killed, run_script
 
 Recording = Callable[[Any], None]

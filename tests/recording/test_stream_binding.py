@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import turbospark
-from turbospark.recording import _stream
+from turbospark.recording.durable import _stream
 from childproc import run_script
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import turbospark
 from turbospark.cli import main
-from turbospark.recording import _stream
+from turbospark.recording.durable import _stream
 
 from naive_analysis import _coverage, _entropy, lru_counts
 

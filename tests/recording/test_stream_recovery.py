@@ -19,7 +19,7 @@ import turbospark
 from turbospark.capture.reader import Request
 from turbospark.capture.streamed import DamagedCapture
 from turbospark.cli import main
-from turbospark.recording import _stream
+from turbospark.recording.durable import _stream
 from turbospark.vllm._recorder import VllmRecorder
 
 

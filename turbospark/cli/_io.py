@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from ..recording._atomic import atomic_output, write_atomic
+from .._atomic import atomic_output, write_atomic
 from ..capture.reader import Capture, load
 from ..capture.sequences import Sequences, sequences
 

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ._io import UsageError, add_verify, draw_document, emit, read_capture, run_guarded
-from ..recording._atomic import atomic_output
+from .._atomic import atomic_output
 from ..capture.sequences import exact_fraction
 from ..capture.reader import Capture
 from ..outputs.replay import routed_experts, save_routed_experts

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Optional, Union
 
 import numpy as np
 
-from ..recording._atomic import _umask
+from .._atomic import _umask
 from ..capture.reader import Capture
 
 __all__ = ["FORMAT", "ROWS_PER_GROUP", "MissingPyarrow", "RankExport", "export_parquet", "id_type"]

@@ -37,7 +37,7 @@ from typing import BinaryIO, Optional
 import numpy as np
 
 from ..capture.reader import Capture
-from ..recording._atomic import write_atomic
+from .._atomic import write_atomic
 
 __all__ = ["FORMAT", "RoutedExperts", "id_dtype", "load_routed_experts", "routed_experts", "save_routed_experts"]
 

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
 import numpy as np
 import numpy.typing as npt
 
-from . import _checkpoint, _convert, _env, _held, _lifecycle, _paths, _sigterm, _stream
+from .durable import _checkpoint, _held, _lifecycle, _sigterm, _stream
+from . import _convert, _env, _paths
 from ..capture import _stream_format
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
-from ._atomic import describe_os_error, write_atomic
+from .._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._destination import check_destination
 from ._types import Taken

@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from turbospark.recording import _env, _lifecycle, _paths
+from turbospark.recording import _env, _paths
+from turbospark.recording.durable import _lifecycle
 
 from . import _checks, _data_parallel, _signals
 from ._buffer import StaticBuffer

@@ -28,7 +28,7 @@ import weakref
 from typing import Any
 
 # One deferral mechanism for every hand-over (the streamed trace's too): see recording/_held.py.
-from ..recording._held import HELD, Held, held_here, mark_aware
+from ..recording.durable._held import HELD, Held, held_here, mark_aware
 
 __all__ = ["HELD", "Held", "forget", "held_here", "install", "watch", "watched", "write_before_exit"]
 

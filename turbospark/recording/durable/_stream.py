@@ -37,9 +37,9 @@ except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
 from . import _held, _lifecycle
-from ..capture import _stream_format as fmt
-from ._atomic import describe_os_error, fsync_directory
-from ._types import TakenRows
+from ...capture import _stream_format as fmt
+from ..._atomic import describe_os_error, fsync_directory
+from .._types import TakenRows
 
 #: Ids the core holds before they are taken out (4 bytes each while in the core).
 CHUNK_IDS = 1 << 20

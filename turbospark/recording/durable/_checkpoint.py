@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Optional
 
 from . import _lifecycle
-from ._atomic import describe_os_error
+from ..._atomic import describe_os_error
 
 
 def interval(value: Any) -> Optional[float]:

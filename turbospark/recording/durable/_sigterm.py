@@ -20,9 +20,9 @@ import signal
 import threading
 from typing import Any, Callable, Optional
 
-from ._atomic import remove_temporaries
+from ..._atomic import remove_temporaries
 from ._held import HELD, mark_aware
-from ._warn import warn_caller
+from .._warn import warn_caller
 
 VARIABLE = "TURBOSPARK_ROUTER_HIST_SIGTERM"
 _ON = {"1", "true", "yes", "on"}

@@ -31,7 +31,8 @@ import threading
 import weakref
 from typing import Any
 
-from . import _atomic, _sigterm
+from ... import _atomic
+from . import _sigterm
 
 _pending: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # Re-entrant: a garbage collection inside it may run __del__ -> close(), and
