@@ -6,7 +6,7 @@ The trace is the demo's router (``turbospark.cli.simulate``: skewed
 popularity, pass-to-pass reuse, a predictor with ~89% recall) at 128
 experts, top-8, one layer of ``--passes`` passes, with its one-layer-ahead
 predictions. For each policy and cache size C (16 and 64) the compiled
-kernel (``turbospark.analysis._cache_kernels``) serves the whole layer; the
+kernel (``turbospark.offload._cache_kernels``) serves the whole layer; the
 pure-Python reference twin (``_cache_py``) serves its first tenth, and both
 are checked to agree on that slice first. Timings are the minimum of
 ``--repeats`` interleaved runs, on one core (the kernels are single-threaded).

@@ -5,7 +5,7 @@ Run: ``python benchmarks/bench_metrics.py [--passes 50000] [--repeats 3]``.
 The capture is issue 18's shape, 60 layers x 128 experts, top-8, with the
 trace and one-layer-ahead predictions, in memory: each layer's passes drawn
 from 4,096 random top-8 rows (as ``bench_scale.py`` records them). The
-comparison is the previous per-layer code, still in ``metrics.py`` as the
+comparison is the previous per-layer code, still in ``metrics/layers.py`` and ``metrics/_primitives.py`` as the
 numpy twin's building blocks (bitsets, sparse-table windows, popcounts,
 stack distances); both are checked to give the same document first, then
 timed interleaved, minimum of the repeats, for int64 ids (what a JSON

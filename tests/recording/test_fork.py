@@ -420,7 +420,7 @@ def test_the_child_copy_is_independent_of_the_parent(tmp_path: pathlib.Path) -> 
 
 
 def test_a_child_killed_by_sigterm_leaves_the_parents_write_alone(tmp_path: pathlib.Path) -> None:
-    # A bug this test caught, now fixed: turbospark/recording/_atomic.py keeps the temporary
+    # A bug this test caught, now fixed: turbospark/_atomic.py keeps the temporary
     # files of writes in progress in _temporaries, which a forked child
     # inherits; with TURBOSPARK_ROUTER_HIST_SIGTERM=1, the child's SIGTERM
     # handler (pool.terminate() sends one to every worker) calls

@@ -1,7 +1,7 @@
 """The streamed trace's sidecar file: layout constants, and the header and frame codecs.
 
 One definition for the writer (``_stream.py``) and the reader
-(``analysis/streamed.py``); the layout is specified in ``docs/stream.md``.
+(``capture/streamed.py``); the layout is specified in ``docs/stream.md``.
 All integers are little-endian. The file is a 64-byte header, then frames::
 
     header (64 bytes)

@@ -1,5 +1,5 @@
 """``turbospark analyze FILES...`` and ``analyze --dask ADDRESS|local FILES...``: the report of the files'
-merge from per-(file, layer) tasks, here or on a Dask cluster (``analysis/distributed.py``)."""
+merge from per-(file, layer) tasks, here or on a Dask cluster (``metrics/distributed.py``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The trace-metric sums in numpy: the reference the compiled kernel must match.
 
-``csrc/_metrics.pyx`` (``turbospark.analysis._metrics_kernels``) computes the
+``csrc/_metrics.pyx`` (``turbospark.metrics._metrics_kernels``) computes the
 same integer sums one pass at a time in O(E) memory per run; this twin
 keeps the current run's passes and, when the run ends, answers with the
-whole-array bitset code of ``metrics.py`` (sparse-table window unions,
+whole-array bitset code of ``layers.py`` (sparse-table window unions,
 popcounts, LRU stack distances), so its memory grows with the longest run.
 ``trace_sums.py`` turns the sums into the report's floats for both.
 """

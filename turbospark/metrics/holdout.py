@@ -6,7 +6,7 @@ sequences are split instead: the first floor(F x S) of the layer's S
 sequences, in order of first appearance, are fit, so both halves hold prompt
 and decode passes (a layer of one sequence is split by position). F is
 taken exactly (``0.29`` of 100 passes fits 29); see
-``turbospark.analysis.capture_sequences.fit_split``. For each coverage fraction f, the
+``turbospark.capture.sequences.fit_split``. For each coverage fraction f, the
 set is the fewest experts whose fit counts, largest first (lower id first on
 ties), reach f of the fit selections (the in-sample ``coverage`` of
 ``analyze``). Reported on the test passes: ``selections``, the share of the

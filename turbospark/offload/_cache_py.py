@@ -1,6 +1,6 @@
 """The expert-cache simulation in plain Python: the reference the compiled kernel must match.
 
-``csrc/_cache.pyx`` (``turbospark.analysis._cache_kernels``) implements the
+``csrc/_cache.pyx`` (``turbospark.offload._cache_kernels``) implements the
 same function with an indexed heap; this one keeps each resident expert's
 eviction key in a dict and takes the minimum, which is slower (O(C) per
 eviction) and easy to read. The definitions are in ``cache.py``'s docstring

@@ -2,7 +2,7 @@
 
 * ``split(capture, fit)``: with ``fit`` = F, each layer's traced passes are
   split into in-sample (fit) and out-of-sample (test) passes by
-  ``turbospark.analysis.capture_sequences.fit_split``: with sequence tags,
+  ``turbospark.capture.sequences.fit_split``: with sequence tags,
   whole sequences (the first floor(F x S) of the layer's S sequences, in
   order of first appearance) are fit and the others test; without them (or
   in a layer of one sequence), the first floor(F x P) passes are fit and the

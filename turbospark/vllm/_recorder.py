@@ -3,7 +3,7 @@
 ``"requests":[{"seq":0,"request":"...","attempt":0,"start":0,"prompt":12},...]``
 is the last key: entry i says what sequence id i of ``seq`` stands for (the
 vLLM request id, the rerun after preemption, the first routed position and
-the prompt length; ``turbospark.analysis.capture.Request``). Everything
+the prompt length; ``turbospark.capture.reader.Request``). Everything
 before it is the ordinary capture, so tools that ignore the key read the
 file as they read any other.
 """

@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import Any
 
-# One deferral mechanism for every hand-over (the streamed trace's too): see recording/_held.py.
+# One deferral mechanism for every hand-over (the streamed trace's too): see recording/durable/_held.py.
 from ..recording.durable._held import HELD, Held, held_here, mark_aware
 
 __all__ = ["HELD", "Held", "forget", "held_here", "install", "watch", "watched", "write_before_exit"]

@@ -44,7 +44,7 @@ from turbospark.transformers import capture  # noqa: E402
 
 import vllm_models  # noqa: E402
 
-TESTS = pathlib.Path(__file__).resolve().parent.parent
+TESTS = pathlib.Path(__file__).resolve().parents[2]
 CHILD = str(TESTS / "vllm_child.py")
 K = vllm_models.TOP_K
 

@@ -1,4 +1,4 @@
-"""``turbospark.analysis``: exact values on hand-worked captures, and agreement with a
+"""``turbospark.metrics``: exact values on hand-worked captures, and agreement with a
 plain-Python evaluation of the same definitions on random ones."""
 
 from __future__ import annotations
@@ -204,12 +204,12 @@ def test_bitsets_span_several_words() -> None:
 
 
 def test_popcount_fallback_for_numpy_before_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    from turbospark.metrics import layers as analysis
+    from turbospark.metrics import _primitives
 
     bits = pass_bitsets(ids([[0, 63], [64, 129], [5, 5]]), 130)
-    expected = analysis._popcount(bits).tolist()
+    expected = _primitives._popcount(bits).tolist()
     monkeypatch.delattr(np, "bitwise_count", raising=False)
-    assert analysis._popcount(bits).tolist() == expected == [2, 2, 1]
+    assert _primitives._popcount(bits).tolist() == expected == [2, 2, 1]
 
 
 def test_lru_stack_distances_by_hand() -> None:

@@ -13,9 +13,9 @@ from turbospark.capture.merge import merge_captures
 from childproc import run_script
 
 _MERGE_RSS = """
-from turbospark.analysis import trace_sums
+from turbospark.capture import rows
 from turbospark.cli import main
-trace_sums.CHUNK_PASSES = 1 << 14
+rows.CHUNK_PASSES = 1 << 14
 before = peak_kib()
 assert main(["merge", sys.argv[1], sys.argv[1], "-o", sys.argv[2]]) == 0
 print((peak_kib() - before) // 1024)
@@ -58,11 +58,11 @@ def test_the_merged_pieces_are_merge_captures_bytes_for_any_chunk(monkeypatch: p
                 hist.record_prediction_many(step % 3, ids)
     inputs = [(str(p), c, None if c.seq is None else (c.seq, c.phase)) for p in paths
               for c in [turbospark.load(p)]]
-    from turbospark.metrics import trace_sums
+    from turbospark.capture import rows
 
     texts = []
     for chunk in (1, 2, 1 << 18):
-        monkeypatch.setattr(trace_sums, "CHUNK_PASSES", chunk)
+        monkeypatch.setattr(rows, "CHUNK_PASSES", chunk)
         texts.append(merge_captures(inputs))
     assert texts[0] == texts[1] == texts[2]
     merged = turbospark.loads(texts[0])

@@ -1,4 +1,4 @@
-"""``turbospark.analysis.capture.load``: arrays, shapes, both parse paths, and a ValueError naming each malformation."""
+"""``turbospark.capture.reader.load``: arrays, shapes, both parse paths, and a ValueError naming each malformation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The routed-experts export (analysis/replay.py, docs/replay.md): exact layouts by hand, dtype rules,
+"""The routed-experts export (outputs/replay.py, docs/replay.md): exact layouts by hand, dtype rules,
 the exact round trip to each layer's trace and seq, the file's checks, and the docs' worked example."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""turbospark.recording._f32display must print f32 values exactly as Rust's Display does.
+"""turbospark.capture._f32display must print f32 values exactly as Rust's Display does.
 
 The golden file was produced by tools/reference/f32_display.rs (real rustc);
 the last test re-checks a fresh random sample against rustc when it is

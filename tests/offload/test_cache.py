@@ -224,8 +224,8 @@ def test_streams_and_both_kernels_agree(seed: int) -> None:
 
 def test_the_compiled_kernel_is_used_unless_pure_python_is_forced() -> None:
     module = _kernel().__module__
-    expected = "turbospark.analysis._cache_py" if os.environ.get("TURBOSPARK_PUREPYTHON") else \
-        "turbospark.analysis._cache_kernels"
+    expected = "turbospark.offload._cache_py" if os.environ.get("TURBOSPARK_PUREPYTHON") else \
+        "turbospark.offload._cache_kernels"
     assert module == expected
 
 
@@ -454,8 +454,8 @@ def test_a_size_beyond_the_experts_serves_as_num_experts_in_both_kernels(tmp_pat
     # 2**61 and let LFU and Belady write past it (SIGSEGV); 2**63 did not fit its int64 argument.
     code = (
         "import json, numpy as np\n"
-        "from turbospark.analysis import _cache_py\n"
-        "from turbospark.analysis.cache import _kernel\n"
+        "from turbospark.offload import _cache_py\n"
+        "from turbospark.offload.cache import _kernel\n"
         f"ids = np.array({HAND}, dtype=np.int64)\n"
         "pred = np.array([[0, 1], [2, 0], [0, 1], [1, 3]], dtype=np.int64)\n"
         "order, starts = np.arange(4, dtype=np.int64), np.zeros(1, dtype=np.int64)\n"

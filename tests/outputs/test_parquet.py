@@ -1,4 +1,4 @@
-"""``turbospark export --to parquet`` (analysis/parquet.py, docs/exports.md): the dataset read back by
+"""``turbospark export --to parquet`` (outputs/parquet.py, docs/exports.md): the dataset read back by
 DuckDB and pyarrow holds every pass exactly (ids, pass index, seq, phase, predictions, counts per
 layer), types follow num_experts, and bad requests exit 2 naming the value."""
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import turbospark
 from turbospark.metrics import _metrics_py, trace_sums
+from turbospark.capture import rows as capture_rows
 from turbospark.capture.reader import Capture
 from turbospark.metrics.layers import analyze
 from turbospark.cli import main
@@ -133,7 +134,7 @@ def test_both_backends_match_the_definitions_exactly(seed: int, width: str, tagg
     capture = random_capture(seed, dtype=np.dtype(width), tagged=tagged, predicted=predicted, experts=experts)
     ws, cs = sorted(windows), sorted(caches)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trace_sums, "CHUNK_PASSES", chunk)
+        patch.setattr(capture_rows, "CHUNK_PASSES", chunk)
         docs = [analyzed(capture, backend, patch, ws, cs) for backend in ("cython", "python")]
     # The report's bytes are the same from either backend, and the values are the definitions' exactly.
     assert docs[0] == docs[1]
@@ -184,8 +185,8 @@ def test_bad_ids_are_refused_by_both() -> None:
 
 
 def test_the_compiled_kernel_is_used_unless_pure_python_is_forced() -> None:
-    expected = "turbospark.analysis._metrics_py" if trace_sums.os.environ.get("TURBOSPARK_PUREPYTHON") else \
-        "turbospark.analysis._metrics_kernels"
+    expected = "turbospark.metrics._metrics_py" if trace_sums.os.environ.get("TURBOSPARK_PUREPYTHON") else \
+        "turbospark.metrics._metrics_kernels"
     assert trace_sums.backend().__module__ == expected
 
 
@@ -211,7 +212,7 @@ def test_analyze_json_is_the_same_for_a_streamed_capture(tmp_path: Path, tagged:
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capfd: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(_stream, "CHUNK_IDS", 40)  # layers span many frames
-    monkeypatch.setattr(trace_sums, "CHUNK_PASSES", 5)  # and are read in many chunks
+    monkeypatch.setattr(capture_rows, "CHUNK_PASSES", 5)  # and are read in many chunks
     for side in ("memory", "stream"):
         (tmp_path / side).mkdir()
         _record(tmp_path / side / "c.json", True if side == "memory" else "stream", 11, tagged)
@@ -227,8 +228,8 @@ def test_analyze_json_is_the_same_for_a_streamed_capture(tmp_path: Path, tagged:
 
 
 _ANALYZE_RSS = """
-from turbospark.analysis import trace_sums
-trace_sums.CHUNK_PASSES = 1 << 16  # several chunks per layer
+from turbospark.capture import rows
+rows.CHUNK_PASSES = 1 << 16  # several chunks per layer
 capture = turbospark.load(sys.argv[1])
 before = peak_kib()
 turbospark.analyze(capture, caches=[16])
