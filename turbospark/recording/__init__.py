@@ -1,6 +1,7 @@
-"""The recording wing: the recorder facade, its two cores and everything that gets a capture to disk.
+"""The writer: the recorder facade, its two cores, and (``durable/``) everything that gets a capture to disk.
 
-This ``__init__`` imports nothing, so the analysis wing can use the output
-helpers (``_f32display``, ``_atomic``) without loading a recorder core;
+This ``__init__`` imports nothing; the analysis side (capture, metrics, the decisions,
+the outputs) imports nothing of this package at all: what the writer and the readers
+share, the capture format, lives in ``turbospark.capture``.
 ``from turbospark import RouterHistogram`` is the public way in.
 """

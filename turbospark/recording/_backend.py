@@ -11,7 +11,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING
 
-# The package root (``turbospark/``), one level above this wing.
+# The package root (``turbospark/``), one level above this room.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

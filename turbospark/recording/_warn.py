@@ -9,7 +9,7 @@ import types
 import warnings
 from typing import Optional
 
-# The whole package (every wing), so a warning raised on behalf of an
+# The whole package (every room), so a warning raised on behalf of an
 # integration still points at the user's line.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # ``with turbospark.transformers.capture(...)`` enters through contextlib.
