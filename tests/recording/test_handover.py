@@ -29,6 +29,7 @@ import pytest
 
 import turbospark
 from conftest import core_of
+from instants import at_instant
 from turbospark.analysis.export_json import write_json
 from turbospark.recording import _held, _lifecycle, _recorder_py, _sigterm, _stream, recorder
 
@@ -323,41 +324,10 @@ class _Rounds:
 def _instants(call: Callable[[], Any], point: int, event: Callable[[], None]) -> int:
     """Run ``call`` with ``event`` at its ``point``-th instant where CPython runs a signal handler; return how many.
 
-    Those instants, in the package's frames: entering a function, after a
-    call returns, a loop's backward jump (as test_signals' Ctrl-C matrix).
+    Those instants (``instants.at_instant``, as test_signals' Ctrl-C matrix), in the package's frames.
     """
-    import dis
-
-    calls = {op for name, op in dis.opmap.items() if name.startswith(("CALL", "PRECALL"))}
-    jumps = {op for name, op in dis.opmap.items() if "JUMP_BACKWARD" in name and "NO_INTERRUPT" not in name}
     package = os.path.dirname(turbospark.__file__)
-    seen = 0
-    previous: dict[int, int] = {}
-
-    def tracer(frame: Any, kind: str, arg: Any) -> Any:
-        nonlocal seen
-        if not frame.f_code.co_filename.startswith(package):
-            return None
-        frame.f_trace_opcodes = True
-        if kind == "call":
-            instant = True
-        elif kind == "opcode":
-            instant = previous.get(id(frame)) in calls | jumps
-            previous[id(frame)] = frame.f_code.co_code[frame.f_lasti]
-        else:
-            instant = False
-        if instant:
-            seen += 1
-            if seen == point:
-                event()
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        call()
-    finally:
-        sys.settrace(None)
-    return seen
+    return at_instant(call, point, event, lambda path: path.startswith(package))
 
 
 CALLS: dict[str, Callable[[Any], Any]] = {
