@@ -133,6 +133,25 @@ def split_at(stderr: str, marker: str) -> tuple[list[str], list[str]]:
     return lines[:at], lines[at + 1:]
 
 
+def recording_forever(setup: str, call: str, *, per_call: int, every: int, pause: float) -> str:
+    """A script for ``progress_until_killed``: ``setup`` (which makes ``hist``), then ``call`` forever.
+
+    ``passes`` counts the passes recorded (``per_call`` a call); every
+    ``every`` passes the script prints ``time.monotonic() passes`` and sleeps
+    ``pause`` seconds (so the parent reads its progress as it goes).
+    """
+    loop = (
+        "passes = 0\n"
+        "while True:\n"
+        f"    {call}\n"
+        f"    passes += {per_call}\n"
+        f"    if passes % {every} == 0:\n"
+        "        print(time.monotonic(), passes, flush=True)\n"
+        f"        time.sleep({pause})\n"
+    )
+    return textwrap.dedent(setup) + loop
+
+
 def progress_until_killed(tmp_path: pathlib.Path, code: str, *args: str,
                           seconds: float = 3.0) -> tuple[list[tuple[float, int]], float]:
     """Run ``code`` (after PREAMBLE), which prints ``time.monotonic() count`` lines, for ``seconds``, then SIGKILL it.

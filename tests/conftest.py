@@ -136,6 +136,11 @@ def cores() -> tuple[Any, Any]:
     return recorder_class(core), recorder_class(_recorder_py.RecorderCore)
 
 
+def core_of(cls: type) -> type:
+    """The core class a RouterHistogram class is built on (after the facade's mixins in its MRO)."""
+    return next(base for base in cls.__mro__ if base.__name__ == "RecorderCore")
+
+
 @contextlib.contextmanager
 def unprivileged() -> Iterator[None]:
     """Root passes every permission check: act as nobody for the block (nothing to do for other users)."""

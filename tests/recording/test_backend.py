@@ -1,7 +1,7 @@
 """The backend in use is the one the run asked for."""
 
 import turbospark
-from conftest import EXPECTED_BACKEND
+from conftest import EXPECTED_BACKEND, core_of
 
 
 def test_the_expected_backend_is_in_use() -> None:
@@ -11,5 +11,5 @@ def test_the_expected_backend_is_in_use() -> None:
 
 
 def test_the_recorder_is_built_on_the_chosen_core() -> None:
-    core_module = turbospark.RouterHistogram.__mro__[2].__module__
+    core_module = core_of(turbospark.RouterHistogram).__module__
     assert core_module == ("turbospark.recording._recorder" if EXPECTED_BACKEND == "cython" else "turbospark.recording._recorder_py")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 
 import turbospark
-from childproc import progress_until_killed
+from childproc import progress_until_killed, recording_forever
 
 CHECKPOINT = "TURBOSPARK_ROUTER_HIST_CHECKPOINT"
 
@@ -139,17 +139,10 @@ def test_an_unusable_environment_interval_is_warned_and_ignored(tmp_path: Any, m
     hist.discard()
 
 
-_KILLED = """
+_KILLED = recording_forever("""
 path, interval = sys.argv[1], float(sys.argv[2])
 hist = R(path, 2, 8, 2, trace=True, checkpoint=interval)
-passes = 0
-while True:
-    hist.record(passes % 2, [passes % 8, (passes + 1) % 8])
-    passes += 1
-    if passes % 50 == 0:
-        print(time.monotonic(), passes, flush=True)
-        time.sleep(0.005)
-"""
+""", "hist.record(passes % 2, [passes % 8, (passes + 1) % 8])", per_call=1, every=50, pause=0.005)
 
 
 def test_a_sigkilled_recorder_leaves_a_capture_no_older_than_one_interval(tmp_path: Any) -> None:

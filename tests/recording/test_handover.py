@@ -28,26 +28,24 @@ import numpy as np
 import pytest
 
 import turbospark
+from conftest import core_of
+from instants import at_instant
 from turbospark.outputs.export_json import write_json
 from turbospark.recording.durable import _held, _lifecycle, _sigterm, _stream
 from turbospark.recording import _recorder_py, recorder
 
+
+def _codes(cls: Any, *names: str) -> set[Any]:
+    return {getattr(cls, name).__code__ for name in names}
+
+
 #: The frames of the hand-over: where rows are taken, queued, flushed, and the summary written.
-HAND_OVER = {
-    recorder._Facade._spill.__code__,
-    recorder._Facade._hand_over.__code__,
-    recorder._Facade._streamed_document.__code__,
-    recorder._Facade._write_streamed.__code__,
-    recorder._Facade.write.__code__,
-    _stream.StreamWriter.wait_for_room.__code__,
-    _stream.StreamWriter.notify.__code__,
-    _stream.StreamWriter.flush.__code__,
-    _stream.StreamWriter._sync.__code__,
-    _stream.StreamWriter._lose_stranded.__code__,
-    _held.Stretch.__enter__.__code__,
-    _held.Stretch.__exit__.__code__,
-    _recorder_py.RecorderCore._take_chunk.__code__,
-}
+HAND_OVER = (
+    _codes(recorder._Facade, "_spill", "_hand_over", "_streamed_document", "_write_streamed", "write")
+    | _codes(_stream.StreamWriter, "wait_for_room", "notify", "flush", "_sync", "_lose_stranded")
+    | _codes(_held.Stretch, "__enter__", "__exit__")
+    | _codes(_recorder_py.RecorderCore, "_take_chunk")
+)
 
 #: The frames with a loop that waits for the writer thread: how often it turns is the writer's doing.
 WAITS = {_stream.StreamWriter.wait_for_room.__code__, _stream.StreamWriter.flush.__code__}
@@ -205,7 +203,7 @@ def test_a_signal_or_a_thread_at_every_bytecode_of_the_hand_over_loses_and_misco
 def _every_bytecode(tmp_path: Path, cores: tuple[Any, Any], sigterm_writes: list[Callable[[], None]],
                     call: Callable[[Any], None], kind: str) -> None:
     for cls in cores:
-        name = cls.__mro__[2].__module__
+        name = core_of(cls).__module__
         points = _Rounds(cls, tmp_path / name / "count", call, kind, sigterm_writes).points()
         assert len(points) > 100
         for start in range(0, len(points), BATCH):
@@ -327,41 +325,10 @@ class _Rounds:
 def _instants(call: Callable[[], Any], point: int, event: Callable[[], None]) -> int:
     """Run ``call`` with ``event`` at its ``point``-th instant where CPython runs a signal handler; return how many.
 
-    Those instants, in the package's frames: entering a function, after a
-    call returns, a loop's backward jump (as test_signals' Ctrl-C matrix).
+    Those instants (``instants.at_instant``, as test_signals' Ctrl-C matrix), in the package's frames.
     """
-    import dis
-
-    calls = {op for name, op in dis.opmap.items() if name.startswith(("CALL", "PRECALL"))}
-    jumps = {op for name, op in dis.opmap.items() if "JUMP_BACKWARD" in name and "NO_INTERRUPT" not in name}
     package = os.path.dirname(turbospark.__file__)
-    seen = 0
-    previous: dict[int, int] = {}
-
-    def tracer(frame: Any, kind: str, arg: Any) -> Any:
-        nonlocal seen
-        if not frame.f_code.co_filename.startswith(package):
-            return None
-        frame.f_trace_opcodes = True
-        if kind == "call":
-            instant = True
-        elif kind == "opcode":
-            instant = previous.get(id(frame)) in calls | jumps
-            previous[id(frame)] = frame.f_code.co_code[frame.f_lasti]
-        else:
-            instant = False
-        if instant:
-            seen += 1
-            if seen == point:
-                event()
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        call()
-    finally:
-        sys.settrace(None)
-    return seen
+    return at_instant(call, point, event, lambda path: path.startswith(package))
 
 
 CALLS: dict[str, Callable[[Any], Any]] = {
@@ -381,7 +348,7 @@ def test_a_handler_writing_the_stream_mid_call_loses_nothing_on_either_core(
     # of that layer misplaced (50 of 100 passes loaded). The compiled core runs no Python code
     # between its read and its commit; the pure core now builds again when the state moved.
     for cls in cores:
-        path = tmp_path / cls.__mro__[2].__module__ / "c.json"
+        path = tmp_path / core_of(cls).__module__ / "c.json"
         path.parent.mkdir()
         hist = cls(str(path), LAYERS, EXPERTS, K, trace="stream", pilot="next")
         twin = cls(os.devnull, LAYERS, EXPERTS, K, trace=True, pilot="next")
@@ -407,7 +374,7 @@ def test_a_handler_writing_the_stream_mid_call_loses_nothing_on_either_core(
                 warnings.simplefilter("error")
                 capture = turbospark.load(path, verify=True)
             assert _exported(capture) == twin.to_json().encode("ascii"), cls
-            if cls.__mro__[2] is _recorder_py.RecorderCore:
+            if core_of(cls) is _recorder_py.RecorderCore:
                 assert points > 30
         finally:
             twin.discard()

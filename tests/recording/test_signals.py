@@ -13,12 +13,10 @@ handlers.
 
 from __future__ import annotations
 
-import dis
 import json
 import os
 import pathlib
 import signal
-import sys
 import warnings
 from typing import Any, Callable
 
@@ -26,6 +24,7 @@ import numpy as np
 import pytest
 
 from childproc import run_with_files
+from instants import at_instant
 from turbospark import RouterHistogram
 from capture_helpers import DOC, ONE_PASS, leftovers
 
@@ -505,54 +504,26 @@ def test_ctrl_c_inside_a_call_loses_no_completed_pass(tmp_path: pathlib.Path, wh
     assert leftovers(tmp_path) == []
 
 
-_CALLS = {op for name, op in dis.opmap.items() if name.startswith("CALL")}
-_JUMPS_BACK = {op for name, op in dis.opmap.items() if "JUMP_BACKWARD" in name and "NO_INTERRUPT" not in name}
-
-
 _TEST_MACHINERY = tuple(
     os.path.dirname(module.__file__) for module in (__import__("_pytest"), __import__("hypothesis"))
 )
+
+
+def _ctrl_c() -> None:
+    raise KeyboardInterrupt
 
 
 def _interrupted_at(point: int, call: Callable[[], Any]) -> int:
     """Run ``call``, raising KeyboardInterrupt at its ``point``-th interruptible instant; return how many it had.
 
     The instants are those where CPython runs pending signal handlers in
-    Python code: entering a Python function, after a call returns, and a
-    loop's backward jump. Ctrl-C raises KeyboardInterrupt at one of them.
+    Python code (``instants.at_instant``): entering a Python function, after
+    a call returns, and a loop's backward jump. Ctrl-C raises
+    KeyboardInterrupt at one of them. pytest's or hypothesis's gc callbacks,
+    run by whatever collection the call triggers, are not traced: not the
+    call's code, and an interrupt there is only "Exception ignored".
     """
-    seen = 0
-    previous: dict[int, int] = {}
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        nonlocal seen
-        if frame.f_code.co_filename.startswith(_TEST_MACHINERY):
-            # pytest's or hypothesis's gc callbacks, run by whatever collection
-            # the call triggers: not the call's code, and an interrupt there
-            # is only "Exception ignored".
-            return None
-        frame.f_trace_opcodes = True
-        if event == "call":
-            interruptible = True
-        elif event == "opcode":
-            interruptible = previous.get(id(frame)) in _CALLS | _JUMPS_BACK
-            previous[id(frame)] = frame.f_code.co_code[frame.f_lasti]
-        else:
-            interruptible = False
-        if interruptible:
-            seen += 1
-            if seen == point:
-                raise KeyboardInterrupt
-        return tracer
-
-    sys.settrace(tracer)
-    try:
-        call()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sys.settrace(None)
-    return seen
+    return at_instant(call, point, _ctrl_c, lambda path: not path.startswith(_TEST_MACHINERY), (KeyboardInterrupt,))
 
 
 CALLS: dict[str, Callable[[Any], Any]] = {

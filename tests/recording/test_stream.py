@@ -27,7 +27,7 @@ import turbospark
 from turbospark.outputs.export_json import write_json
 from turbospark.cli import main
 from turbospark.recording.durable import _stream
-from childproc import progress_until_killed, run_script
+from childproc import progress_until_killed, recording_forever, run_script
 
 Recording = Callable[[Any], None]
 
@@ -304,19 +304,13 @@ def test_a_streamed_recorder_stays_bounded_however_long_it_records(tmp_path: Pat
     assert sum(capture.trace[layer].shape[0] for layer in range(8)) == (1220 + 1) * 4096
 
 
-_KILLED_STREAM = """
+_KILLED_STREAM = recording_forever("""
 import numpy as np
 path = sys.argv[1]
 hist = R(path, 4, 64, 4, trace="stream", checkpoint=0.25)
 block = np.random.default_rng(0).integers(0, 64, (64, 4))
-passes = 0
-while True:
-    hist.record_batch((passes // 64) % 4, block, seq=np.full(64, passes // 256), phase="decode")
-    passes += 64
-    if passes % 2048 == 0:
-        print(time.monotonic(), passes, flush=True)
-        time.sleep(0.002)
-"""
+""", 'hist.record_batch((passes // 64) % 4, block, seq=np.full(64, passes // 256), phase="decode")', per_call=64,
+    every=2048, pause=0.002)
 
 
 def test_a_sigkilled_streamed_recorder_leaves_a_loadable_capture(tmp_path: Path) -> None:

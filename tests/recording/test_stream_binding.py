@@ -54,7 +54,7 @@ def test_a_new_run_writes_its_json_as_it_starts(tmp_path: Path, cls: Any) -> Non
 
 
 _KILLED_NEW_RUN = """
-from turbospark.recording import _stream
+from turbospark.recording.durable import _stream
 _stream.CHUNK_IDS = 4
 path = sys.argv[1]
 hist = R(path, 1, 8, 1, trace="stream")

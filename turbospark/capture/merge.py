@@ -134,7 +134,11 @@ def _joined_rows(parts: list[tuple[Any, Optional[int], int]], num_layers: int,
         yield "["
         written = False
         for index, (rows, default, offset) in enumerate(parts):
-            count = layer_rows(rows, layer) if rows is not None else passes[index][layer]  # type: ignore[index]
+            if rows is not None:
+                count = layer_rows(rows, layer)
+            else:
+                assert passes is not None, "a part without rows is counted by its passes"
+                count = passes[index][layer]
             chunk = row_reader.CHUNK_PASSES
             for lo in range(0, count, chunk):
                 hi = min(count, lo + chunk)

@@ -94,7 +94,7 @@ class StreamInfo:
         return out
 
 
-class LayerRows(Sequence):  # type: ignore[type-arg]
+class LayerRows(Sequence[np.ndarray]):
     """One array per layer, built on access from that layer's frames; the last ``KEPT`` built are kept.
 
     Keeping only a few bounds the memory of a pass over every layer (the
@@ -546,8 +546,9 @@ def _tags(file: _Sidecar, segments: list[_Segment], id_bytes: int, width: int, c
             base = s.offset if column == 0 else s.offset + s.span * (8 + width * id_bytes)
             pieces.append((base + (first - start) * dtype.itemsize if s.tagged else None, last - first))
         start += s.rows
-    if pieces and all(at is not None for at, _ in pieces):
-        return file.gather([(at, count) for at, count in pieces], dtype)  # type: ignore[misc]
+    located = [(at, count) for at, count in pieces if at is not None]
+    if pieces and len(located) == len(pieces):
+        return file.gather(located, dtype)
     parts = [np.full(count, 0 if column == 0 else 1, dtype=dtype) if at is None else file.gather([(at, count)], dtype)
              for at, count in pieces]
     if not parts:

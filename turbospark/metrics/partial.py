@@ -87,10 +87,11 @@ def layer_part(capture: Capture, layer: int, windows: Sequence[int], caches: Seq
     counts = np.asarray(capture.counts[layer], dtype=np.int64)
     dropped = 0 if capture.trace_dropped is None else int(capture.trace_dropped[layer])
     e, k = capture.num_experts, capture.top_k
-    tagged = capture.seq is not None and capture.phase is not None
+    phases = capture.phase if capture.seq is not None else None
+    tagged = phases is not None
     if capture.trace is None:
-        if tagged:
-            phase = capture.phase[layer]  # type: ignore[index]
+        if phases is not None:
+            phase = phases[layer]
             views = {name: Group(int(np.count_nonzero(phase == code))) for code, name in enumerate(PHASE_NAMES)}
             return LayerPart(counts, None, 0, dropped, Group(int(phase.shape[0])), views)
         passes = _untagged_passes(capture, layer)
@@ -110,7 +111,8 @@ def layer_part(capture: Capture, layer: int, windows: Sequence[int], caches: Seq
               tagged_sums(capture.trace, pred, capture.seq, capture.phase, layer, e, k, windows, caches,
                           layer_breaks(capture, layer))]
     pooled = groups[0]
-    kept = np.asarray(pooled.sums["counts"], dtype=np.int64)  # type: ignore[index]
+    assert pooled.sums is not None, "a layer with a trace has its sums"
+    kept = np.asarray(pooled.sums["counts"], dtype=np.int64)
     views = {name: groups[1 + code] for code, name in enumerate(PHASE_NAMES)}
     return LayerPart(counts, kept, pooled.passes, dropped, pooled, views)
 

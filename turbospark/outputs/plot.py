@@ -151,7 +151,8 @@ def _coverage(axes: Any, capture: Capture) -> None:
     rows = capture.counts[routed]
     for level in ("0.5", "0.9"):
         # The mean of the per-layer counts `analyze` reports (cov50, cov90), on that level's line.
-        needed = float(np.mean([coverage(row, (level,))[level] for row in rows]))  # type: ignore[index]
+        found = [coverage(row, (level,)) for row in rows]  # never None: routed layers have passes
+        needed = float(np.mean([levels[level] for levels in found if levels is not None]))
         y = float(level)
         axes.axhline(y, color="grey", linewidth=0.6, linestyle=":")
         left = needed > 0.45 * e  # keep the label inside the axes

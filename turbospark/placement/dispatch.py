@@ -159,7 +159,7 @@ class Routing:
         return self.counts.sum(axis=0).astype(np.float64)
 
 
-class LayerIds(Sequence):  # type: ignore[type-arg]
+class LayerIds(Sequence[np.ndarray]):
     """One rank's per-layer (P, K) ids, each read when asked for (only the passes ``masks[layer]`` keeps,
     with masks): a streamed capture's layers are then never all held at once (issue 25)."""
 

@@ -85,7 +85,7 @@ def split(capture: Capture, fit: Optional[Union[float, Fraction]]) -> Split:
                  kinds)
 
 
-class FitMasks(Sequence):  # type: ignore[type-arg]
+class FitMasks(Sequence[np.ndarray]):
     """Per layer, ``fit_mask``'s boolean mask over the trace's passes, made when asked for (not kept)."""
 
     def __init__(self, capture: Capture, fit: Fraction) -> None:

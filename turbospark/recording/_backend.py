@@ -61,4 +61,13 @@ else:
 
         BACKEND = "python"
 
-__all__ = ["BACKEND", "RecorderCore"]
+if TYPE_CHECKING:
+    # The declared core/facade contract: for type checkers the facade's mixins
+    # extend the compiled core's stub (_recorder.pyi, checked above against
+    # _types.RecorderCoreAPI), so every core method they call is declared. At
+    # run time the core is mixed in by RouterHistogram / recorder_class.
+    CoreBase = RecorderCore
+else:
+    CoreBase = object
+
+__all__ = ["BACKEND", "CoreBase", "RecorderCore"]

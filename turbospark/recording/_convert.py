@@ -138,7 +138,8 @@ def tensor_array(tensor: Any, what: str = "expert ids") -> np.ndarray:
     name = str(tensor.dtype).replace("torch.", "")
     if not (name == "bool" or name.startswith(("int", "uint"))):
         raise _errors.dtype(name)
-    return tensor.numpy()  # type: ignore[no-any-return]
+    shared: np.ndarray = tensor.numpy()  # torch is not imported here: ``tensor`` is untyped
+    return shared
 
 
 def is_iterable_selection(obj: Any) -> bool:

@@ -6,34 +6,44 @@ methods (``record``, ``record_many``, ``record_prediction``,
 frame. The facade adds what is not per-call: argument checking at
 construction, environment parsing, the router-logits part of the JSON, and the
 file lifecycle (atomic writes, close, write-on-drop, write-at-exit).
+
+It is composed of mixins, one concern each, every one a layer over the ones
+below it (so each calls only what is beneath it):
+
+- ``_facade_stream.Streaming``: a streamed capture's hand-overs and summary JSON;
+- ``_Staging``: the device path's drains (staged ids handed over before a write);
+- ``_Reads``: what the recorder holds, read in memory (``counts``, ``trace`` ...);
+- ``_Writes``: the capture's JSON (``_document``) and its writes;
+- ``_Checkpoints``: the periodic rewrites while recording;
+- ``_Lifecycle``: close, discard, the exit path's write, fork, drop;
+- ``_Facade``: construction (``__init__``, ``from_env``, ``from_config``), over all of them.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import json
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 
 import numpy as np
 import numpy.typing as npt
 
-from .durable import _checkpoint, _held, _lifecycle, _sigterm, _stream
+from .durable import _checkpoint, _lifecycle, _sigterm, _stream
 from . import _convert, _env, _paths
 from ..capture import _stream_format
 from ._convert import MAX_SIZE as _MAX_SIZE, PILOTS as _PILOTS, whole as _whole
 from .._atomic import describe_os_error, write_atomic
-from ._backend import BACKEND, RecorderCore
+from ._backend import BACKEND, CoreBase, RecorderCore
 from ._destination import check_destination
-from ._types import Taken
-from ..capture._f32display import logits_member
+from ._facade_stream import Streaming, logits_tail
 from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
 _Self = TypeVar("_Self", bound="_Facade")
+_Open = TypeVar("_Open", bound="_Lifecycle")
 
 def _path_text(path: Any) -> str:
     try:
@@ -84,22 +94,295 @@ def _pilot_without_trace(pilot: str, given: frozenset[str]) -> str:
     return what + ": the predictions can never be scored (pilot recall compares them with the trace); " + fix
 
 
-if TYPE_CHECKING:
-    # The declared core/facade contract: for type checkers the facade extends
-    # the compiled core's stub (_recorder.pyi, which _backend checks against
-    # _types.RecorderCoreAPI), so every core method it calls is declared. At
-    # run time the core is mixed in by RouterHistogram / recorder_class.
-    _CoreBase = RecorderCore
-else:
-    _CoreBase = object
 
-
-class _Facade(_CoreBase):
-    """Everything of ``RouterHistogram`` that is not a per-call hot path."""
+class _Staging(CoreBase):
+    """The device path's staged ids: drains the recorder runs before every write and before closing."""
 
     _path: str
-    _owner_pid: int
+    _drains: list[Any]
+    _drain_failures: set[str]
+
+    def _add_drain(self, drain: Any) -> None:
+        """Call ``drain()`` before every write and before closing (the device path's staged ids).
+
+        A bound method is held weakly, so the stager (which holds this
+        recorder) and the recorder never form a cycle: dropping both writes
+        the capture at once, without waiting for the garbage collector.
+        """
+        ref = weakref.WeakMethod(drain) if inspect.ismethod(drain) else (lambda: drain)
+        self._drains.append(ref)  # one append: atomic under the GIL
+
+    def _drain(self) -> None:
+        """Run every drain; one that fails is reported (once per message) and the write goes on.
+
+        A failed drain must never block the write of what the recorder holds:
+        the error is printed on stderr (``[router-hist] FAILED recording
+        staged ids``) rather than raised, here and at close or exit.
+        """
+        for ref in list(self._drains):
+            drain = ref()
+            if drain is None:
+                continue
+            try:
+                drain()
+            except Exception as exc:  # noqa: BLE001 -- reported, and the capture is still written
+                message = f"[router-hist] FAILED recording staged ids for {self._path}: {exc}"
+                if message not in self._drain_failures:
+                    self._drain_failures.add(message)
+                    _lifecycle.report(message)
+
+    def _stagers(self) -> list[Any]:
+        """The live objects whose bound methods are this recorder's drains."""
+        owners = []
+        for ref in list(self._drains):
+            drain = ref()
+            owner = getattr(drain, "__self__", None)
+            if owner is not None:
+                owners.append(owner)
+        return owners
+
+
+class _Reads(Streaming):
+    """What the recorder holds, read in memory: snapshots and copies, never a write."""
+
+    @property
+    def counts(self) -> "npt.NDArray[np.int64]":
+        """The counts so far: a read-only (num_layers, num_experts) int64 snapshot.
+
+        int64, as a loaded ``Capture``'s counts, so the two subtract exactly.
+        Reading it again without recording in between returns the same array
+        (no copy); a later record never changes a snapshot already taken.
+        """
+        return self._counts_snapshot()
+
+    @property
+    def passes(self) -> np.ndarray:
+        """A copy of the routed-pass count of each layer: (num_layers,) int64."""
+        return self._passes_array()
+
+    @property
+    def trace_dropped(self) -> Optional[np.ndarray]:
+        """Per layer, the passes recorded beyond ``trace_cap`` (counted, not traced): (num_layers,) int64.
+
+        None when no cap is set. Each layer's trace, predictions and tags keep
+        its first ``trace_cap`` passes; counts and ``passes`` keep every pass.
+        """
+        cap = self.trace_cap
+        if cap is None:
+            return None
+        passes = self._passes_array()
+        return passes - np.minimum(passes, cap)
+
+    def trace(self, layer: int) -> Optional[np.ndarray]:
+        """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off.
+
+        With ``trace_cap`` set, the layer's first ``trace_cap`` passes at most.
+        Raises ValueError for a streamed trace (it is on disk: ``write()``, then
+        ``turbospark.load``).
+        """
+        self._refuse_streamed("trace")
+        return self._trace_array(layer)
+
+    def predictions(self, layer: int) -> Optional[np.ndarray]:
+        """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off.
+
+        Raises ValueError for a streamed trace, as ``trace`` does.
+        """
+        self._refuse_streamed("predictions")
+        return self._predictions_array(layer)
+
+
+class _Writes(Streaming, _Staging):
+    """The capture's JSON, built by one path (``_document``), and its atomic writes."""
+
+    # Serialises writes to self.path, so a checkpoint in progress can never land after the final write.
+    _write_lock: threading.RLock
+    # trace="stream": the serial (_take_chunk's) of the summary last written, so an older one never replaces it.
+    _written_serial: int
+
+    def _document(self) -> bytes:
+        """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
+
+        In order: the device path's staged ids are drained into the core; the
+        core's ``_json_document(tail)`` writes everything it owns (sizes,
+        ``counts``, ``trace``, ``pred``), appends ``tail`` verbatim (the
+        facade's ``router_logits`` object, values through ``_f32display``,
+        Rust's f32 ``Display``), then, after ``record_batch``, the ``seq`` and
+        ``phase`` columns it commits with their passes; then the closing
+        ``}``. One read of the core's state: nothing else assembles a capture
+        document, and nothing has to be retried.
+        """
+        self._drain()
+        if self._stream is not None:
+            return self._streamed_document()[0]
+        return self._json_document(logits_tail(self._logits_capture())) + b"}"
+
+    def _write_streamed(self, *, checkpoint: bool = False) -> None:
+        """Write a streamed capture: built (taken, flushed) outside the write lock, replaced under it.
+
+        Outside: the take may wait for the pure core's lock, held by a call
+        on the main thread that a SIGTERM interrupted, whose handler's write
+        must then not wait for this one. Under it, only the replacement, and
+        only when no later take's summary is on disk already (a checkpoint
+        also skips once the recorder closed: the final write is the last word).
+        """
+        document = self._document()
+        # A handler's write between the two lines can only make this larger, and equal to a summary
+        # it wrote: then this older one is skipped, as it should be.
+        serial = self._serial_here.value
+        with self._write_lock:
+            if serial > self._written_serial and not (checkpoint and self.closed):
+                write_atomic(self._path, document)
+                self._written_serial = serial
+
+    def to_json(self) -> str:
+        """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
+        return self._document().decode("ascii")
+
+    def write(self, path: Optional[PathLike] = None) -> None:
+        """Write the capture now, atomically, to ``path`` (default: ``self.path``); raise OSError on failure.
+
+        A streamed capture is written to its own path only (its JSON names the
+        sidecar beside it): another ``path`` is a ValueError.
+        """
+        target = self._path if path is None else _path_text(path)
+        stream = self._stream
+        if stream is not None and os.path.abspath(target) != os.path.abspath(self._path):
+            raise ValueError(f"a streamed capture is written to its own path {self._path!r}, beside its trace "
+                             f"{stream.path!r}, not to {target!r}")
+        if stream is not None:
+            self._write_streamed()
+            return
+        with self._write_lock:
+            write_atomic(target, self._document())
+
+
+class _Checkpoints(_Writes):
+    """The capture rewritten atomically at an interval while recording (``checkpoint=``)."""
+
+    _checkpointer: Optional[_checkpoint.Checkpointer]
+
+    @property
+    def checkpoint(self) -> Optional[float]:
+        """Seconds between checkpoints (the capture rewritten atomically while recording), or None."""
+        return None if self._checkpointer is None else self._checkpointer.seconds
+    def _write_checkpoint(self) -> None:
+        """One checkpoint (the checkpoint thread's call): the capture rewritten unless the recorder closed.
+
+        Staged ids are drained before the write lock is taken: a drain may
+        wait for a stager's lock, and the final write must never wait behind
+        that. Raises OSError; the thread reports it.
+        """
+        if self.closed or os.getpid() != self._owner_pid:
+            return
+        self._drain()
+        if self._stream is not None:
+            self._write_streamed(checkpoint=True)
+            return
+        with self._write_lock:
+            # Closed meanwhile: the final write is (or was) the last word.
+            if not self.closed:
+                write_atomic(self._path, self._document())
+
+    def _stop_checkpoints(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+
+
+class _Lifecycle(_Checkpoints):
+    """Close, discard, the exit path's write, fork and drop: the one write of the capture at the end."""
+
     _owed: bool  # set by _lifecycle: the capture is still owed to disk
+
+    def close(self) -> None:
+        """Stop recording and write the capture once, reporting on stderr; never raises, idempotent.
+
+        Only the process that created the recorder writes: a forked child's
+        copy closes silently, so it can never overwrite the parent's capture.
+        A write that Ctrl-C cuts short leaves the capture pending, and the
+        exit path writes it (``_lifecycle``).
+        """
+        if self.closed:
+            return
+        owner = os.getpid() == self._owner_pid
+        if owner:
+            self._drain()
+        if not self._mark_closed():
+            return
+        self._stop_checkpoints()
+        if not owner:
+            _lifecycle.settle(self)
+            return
+        self._write_and_report()
+
+    def discard(self) -> None:
+        """Stop recording without writing anything; idempotent, never raises.
+
+        Later records raise ``ValueError`` as after ``close()``; ``to_json()``
+        and ``write(path)`` still give what was recorded.
+        """
+        self._mark_closed()
+        self._stop_checkpoints()
+        self._close_stream()
+        _lifecycle.settle(self)
+    def _finish(self, *, close: bool) -> None:
+        """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written.
+
+        Without ``close`` (a SIGTERM chained to a handler that may let the
+        process go on) a closed recorder is left alone: its close() is still
+        writing, and resumes once the handlers return.
+        """
+        if self.closed and not close:
+            return
+        if not self.closed:
+            self._drain()
+            if close:
+                self._mark_closed()
+                self._stop_checkpoints()
+        self._write_and_report()
+
+    def _write_and_report(self) -> None:
+        # A KeyboardInterrupt (or a signal handler's exception) propagates and
+        # leaves the capture pending: nothing new is on disk, the exit path retries.
+        try:
+            self.write()
+        except Exception as exc:  # noqa: BLE001 -- close() must never raise
+            _lifecycle.report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
+        else:
+            _lifecycle.report(f"[router-hist] wrote {self._path}")
+        if self.closed:
+            self._close_stream()
+            _lifecycle.settle(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The stagers' locks too (a DeviceRecorder another thread was staging into).
+        for stager in self._stagers():
+            renew = getattr(stager, "_after_fork_in_child", None)
+            if renew is not None:
+                renew()
+        # A lock another thread held at fork() time stays held in the child (which never writes, but may call write(path)).
+        self._write_lock = threading.RLock()
+        super()._after_fork_in_child()
+    def __enter__(self: _Open) -> _Open:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A constructor that raised leaves no _owner_pid: nothing to write.
+        if getattr(self, "_owner_pid", None) is None:
+            return
+        if not self.closed:
+            self.close()
+        elif getattr(self, "_owed", False) and os.getpid() == self._owner_pid:
+            # Its close() was cut short (Ctrl-C): dropping it must not lose
+            # the capture, and the registry's weak reference is about to go.
+            self._finish(close=True)
+
+
+class _Facade(_Lifecycle, _Reads):
+    """Everything of ``RouterHistogram`` that is not a per-call hot path: its construction, over the mixins."""
 
     def __init__(
         self,
@@ -210,11 +493,11 @@ class _Facade(_CoreBase):
             raise
         self._path = path
         self._owner_pid = os.getpid()
-        self._stream: Optional[_stream.StreamWriter] = stream
+        self._stream = stream
         if stream is not None:
             self._stream_every(_stream.CHUNK_IDS)
         # Staged data (the device path) to hand to the core before any write.
-        self._drains: list[Any] = []
+        self._drains = []
         self._drain_failures: set[str] = set()
         # Serialises writes to self.path, so a checkpoint in progress can never land after the final write.
         # Re-entrant: a SIGTERM handler may write while the main thread is inside write().
@@ -224,7 +507,7 @@ class _Facade(_CoreBase):
         # The serial of the summary this thread's last _streamed_document built (read back by _write_streamed,
         # since _document, which subclasses extend, returns the bytes only).
         self._serial_here = threading.local()
-        self._checkpointer: Optional[_checkpoint.Checkpointer] = None
+        self._checkpointer = None
         _lifecycle.register(self)
         if stream is not None:
             self._write_initial(from_env)
@@ -303,335 +586,6 @@ class _Facade(_CoreBase):
     def path(self) -> str:
         """Where ``close()`` (and ``write()`` without an argument) writes the capture."""
         return self._path
-
-    @property
-    def streamed(self) -> bool:
-        """True for trace="stream": the trace goes to the sidecar ``path + ".trace"``, the JSON holds the rest."""
-        return getattr(self, "_stream", None) is not None
-
-    def _spill(self) -> None:
-        # The core's call once it holds CHUNK_IDS untaken ids (trace="stream"): queue them for the writer.
-        self._hand_over()
-
-    def _hand_over(self) -> Taken:
-        """Take every committed row out of the core into the writer's queue, in one step; every hand-over's path.
-
-        The core appends the rows to the queue in the step that empties it
-        (``_take_chunk(into)``), so no other thread's write, no signal
-        handler and no Ctrl-C ever finds them in neither place; and the main
-        thread's hand-over is a ``_held.Stretch``: a held-aware handler (the
-        opt-in SIGTERM one, the vLLM plugin's) and a Ctrl-C landing in it run
-        as it ends. The wait for room in the queue (the disk is behind) comes
-        first, before anything is taken.
-        """
-        stream = self._stream
-        if stream is None or os.getpid() != self._owner_pid:
-            # A forked child's copy drops them: it never writes its parent's files, and stays bounded.
-            return self._take_chunk(None)
-        stream.wait_for_room()
-        with _held.Stretch(interrupts=True):
-            taken = self._take_chunk(stream.inbox)
-        stream.notify()
-        return taken
-
-    @property
-    def checkpoint(self) -> Optional[float]:
-        """Seconds between checkpoints (the capture rewritten atomically while recording), or None."""
-        return None if self._checkpointer is None else self._checkpointer.seconds
-
-    @property
-    def counts(self) -> "npt.NDArray[np.int64]":
-        """The counts so far: a read-only (num_layers, num_experts) int64 snapshot.
-
-        int64, as a loaded ``Capture``'s counts, so the two subtract exactly.
-        Reading it again without recording in between returns the same array
-        (no copy); a later record never changes a snapshot already taken.
-        """
-        return self._counts_snapshot()
-
-    @property
-    def passes(self) -> np.ndarray:
-        """A copy of the routed-pass count of each layer: (num_layers,) int64."""
-        return self._passes_array()
-
-    @property
-    def trace_dropped(self) -> Optional[np.ndarray]:
-        """Per layer, the passes recorded beyond ``trace_cap`` (counted, not traced): (num_layers,) int64.
-
-        None when no cap is set. Each layer's trace, predictions and tags keep
-        its first ``trace_cap`` passes; counts and ``passes`` keep every pass.
-        """
-        cap = self.trace_cap
-        if cap is None:
-            return None
-        passes = self._passes_array()
-        return passes - np.minimum(passes, cap)
-
-    def trace(self, layer: int) -> Optional[np.ndarray]:
-        """A copy of one layer's trace as (passes, top_k) uint32, or None when the trace is off.
-
-        With ``trace_cap`` set, the layer's first ``trace_cap`` passes at most.
-        Raises ValueError for a streamed trace (it is on disk: ``write()``, then
-        ``turbospark.load``).
-        """
-        self._refuse_streamed("trace")
-        return self._trace_array(layer)
-
-    def predictions(self, layer: int) -> Optional[np.ndarray]:
-        """A copy of one layer's predictions as (predictions, top_k) uint32, or None when the probe is off.
-
-        Raises ValueError for a streamed trace, as ``trace`` does.
-        """
-        self._refuse_streamed("predictions")
-        return self._predictions_array(layer)
-
-    def _refuse_streamed(self, what: str) -> None:
-        if self.streamed:
-            raise ValueError(f"{what}(): the trace is streamed to {self._stream.path!r} (trace='stream'); "  # type: ignore[union-attr]
-                             "write() the capture and read it with turbospark.load")
-
-    def _document(self) -> bytes:
-        """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
-
-        In order: the device path's staged ids are drained into the core; the
-        core's ``_json_document(tail)`` writes everything it owns (sizes,
-        ``counts``, ``trace``, ``pred``), appends ``tail`` verbatim (the
-        facade's ``router_logits`` object, values through ``_f32display``,
-        Rust's f32 ``Display``), then, after ``record_batch``, the ``seq`` and
-        ``phase`` columns it commits with their passes; then the closing
-        ``}``. One read of the core's state: nothing else assembles a capture
-        document, and nothing has to be retried.
-        """
-        self._drain()
-        if self._stream is not None:
-            return self._streamed_document()[0]
-        return self._json_document(_logits_tail(self._logits_capture())) + b"}"
-
-    def _streamed_document(self) -> tuple[bytes, int]:
-        """A streamed capture's JSON, every row so far written to the sidecar and made durable first; and its serial.
-
-        The summary (sizes, counts, ``"stream"``, the logit row) and the rows
-        are taken in one step, so the counts it states are exactly those of
-        the passes on disk (and of those said lost to failed writes). The
-        serial orders the summaries of takes by several threads: a later
-        take's is never replaced by an earlier one's (``write``).
-        """
-        assert self._stream is not None
-        if os.getpid() != self._owner_pid:
-            raise RuntimeError(f"a forked child cannot write the streamed capture {self._path!r} of its parent")
-        head, width, rows, logits, serial = self._hand_over()
-        # Every chunk queued before this one is written first (the queue is in take order).
-        written = self._stream.flush()
-        # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
-        # taken after this one may already be on disk too; the reader recovers it.
-        passes = [first + _stream.rows_in(trace, width) for first, trace, _, _, _, _ in rows]
-        stream = (f',"stream":{{"format":{_stream_format.VERSION},"run":"{self._stream.run.hex()}",'
-                  f'"file":"{_json_name(self._stream.path)}",'
-                  f'"bytes":{written.size},"passes":{_ints(passes)}')
-        if self.pilot_enabled():
-            predictions = [first + _stream.rows_in(pred, width) for _, _, pred, _, _, first in rows]
-            stream += f',"predictions":{_ints(predictions)}'
-        if any(written.lost_passes) or any(written.lost_predictions):
-            stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
-            stream += f',"lost_rows":{_ranges(written.lost_rows)},"lost_prediction_rows":{_ranges(written.lost_prediction_rows)}'
-        self._serial_here.value = serial
-        return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}", serial
-
-    def _write_streamed(self, *, checkpoint: bool = False) -> None:
-        """Write a streamed capture: built (taken, flushed) outside the write lock, replaced under it.
-
-        Outside: the take may wait for the pure core's lock, held by a call
-        on the main thread that a SIGTERM interrupted, whose handler's write
-        must then not wait for this one. Under it, only the replacement, and
-        only when no later take's summary is on disk already (a checkpoint
-        also skips once the recorder closed: the final write is the last word).
-        """
-        document = self._document()
-        # A handler's write between the two lines can only make this larger, and equal to a summary
-        # it wrote: then this older one is skipped, as it should be.
-        serial = self._serial_here.value
-        with self._write_lock:
-            if serial > self._written_serial and not (checkpoint and self.closed):
-                write_atomic(self._path, document)
-                self._written_serial = serial
-
-    def _add_drain(self, drain: Any) -> None:
-        """Call ``drain()`` before every write and before closing (the device path's staged ids).
-
-        A bound method is held weakly, so the stager (which holds this
-        recorder) and the recorder never form a cycle: dropping both writes
-        the capture at once, without waiting for the garbage collector.
-        """
-        ref = weakref.WeakMethod(drain) if inspect.ismethod(drain) else (lambda: drain)
-        self._drains.append(ref)  # one append: atomic under the GIL
-
-    def _drain(self) -> None:
-        """Run every drain; one that fails is reported (once per message) and the write goes on.
-
-        A failed drain must never block the write of what the recorder holds:
-        the error is printed on stderr (``[router-hist] FAILED recording
-        staged ids``) rather than raised, here and at close or exit.
-        """
-        for ref in list(self._drains):
-            drain = ref()
-            if drain is None:
-                continue
-            try:
-                drain()
-            except Exception as exc:  # noqa: BLE001 -- reported, and the capture is still written
-                message = f"[router-hist] FAILED recording staged ids for {self._path}: {exc}"
-                if message not in self._drain_failures:
-                    self._drain_failures.add(message)
-                    _lifecycle.report(message)
-
-    def _stagers(self) -> list[Any]:
-        """The live objects whose bound methods are this recorder's drains."""
-        owners = []
-        for ref in list(self._drains):
-            drain = ref()
-            owner = getattr(drain, "__self__", None)
-            if owner is not None:
-                owners.append(owner)
-        return owners
-
-    def to_json(self) -> str:
-        """The capture as the reference's JSON, byte for byte (non-finite logits become null)."""
-        return self._document().decode("ascii")
-
-    def write(self, path: Optional[PathLike] = None) -> None:
-        """Write the capture now, atomically, to ``path`` (default: ``self.path``); raise OSError on failure.
-
-        A streamed capture is written to its own path only (its JSON names the
-        sidecar beside it): another ``path`` is a ValueError.
-        """
-        target = self._path if path is None else _path_text(path)
-        if self.streamed and os.path.abspath(target) != os.path.abspath(self._path):
-            raise ValueError(f"a streamed capture is written to its own path {self._path!r}, beside its trace "
-                             f"{self._stream.path!r}, not to {target!r}")  # type: ignore[union-attr]
-        if self._stream is not None:
-            self._write_streamed()
-            return
-        with self._write_lock:
-            write_atomic(target, self._document())
-
-    def _write_checkpoint(self) -> None:
-        """One checkpoint (the checkpoint thread's call): the capture rewritten unless the recorder closed.
-
-        Staged ids are drained before the write lock is taken: a drain may
-        wait for a stager's lock, and the final write must never wait behind
-        that. Raises OSError; the thread reports it.
-        """
-        if self.closed or os.getpid() != self._owner_pid:
-            return
-        self._drain()
-        if self._stream is not None:
-            self._write_streamed(checkpoint=True)
-            return
-        with self._write_lock:
-            # Closed meanwhile: the final write is (or was) the last word.
-            if not self.closed:
-                write_atomic(self._path, self._document())
-
-    def close(self) -> None:
-        """Stop recording and write the capture once, reporting on stderr; never raises, idempotent.
-
-        Only the process that created the recorder writes: a forked child's
-        copy closes silently, so it can never overwrite the parent's capture.
-        A write that Ctrl-C cuts short leaves the capture pending, and the
-        exit path writes it (``_lifecycle``).
-        """
-        if self.closed:
-            return
-        owner = os.getpid() == self._owner_pid
-        if owner:
-            self._drain()
-        if not self._mark_closed():
-            return
-        self._stop_checkpoints()
-        if not owner:
-            _lifecycle.settle(self)
-            return
-        self._write_and_report()
-
-    def discard(self) -> None:
-        """Stop recording without writing anything; idempotent, never raises.
-
-        Later records raise ``ValueError`` as after ``close()``; ``to_json()``
-        and ``write(path)`` still give what was recorded.
-        """
-        self._mark_closed()
-        self._stop_checkpoints()
-        self._close_stream()
-        _lifecycle.settle(self)
-
-    def _stop_checkpoints(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
-
-    def _close_stream(self) -> None:
-        stream = getattr(self, "_stream", None)
-        if stream is not None and os.getpid() == self._owner_pid:
-            try:
-                stream.close()
-            except OSError as exc:
-                _lifecycle.report(f"[router-hist] FAILED closing {stream.path}: {describe_os_error(exc)}")
-
-    def _finish(self, *, close: bool) -> None:
-        """The exit path's write of a pending capture: staged ids first; with ``close``, closed before it is written.
-
-        Without ``close`` (a SIGTERM chained to a handler that may let the
-        process go on) a closed recorder is left alone: its close() is still
-        writing, and resumes once the handlers return.
-        """
-        if self.closed and not close:
-            return
-        if not self.closed:
-            self._drain()
-            if close:
-                self._mark_closed()
-                self._stop_checkpoints()
-        self._write_and_report()
-
-    def _write_and_report(self) -> None:
-        # A KeyboardInterrupt (or a signal handler's exception) propagates and
-        # leaves the capture pending: nothing new is on disk, the exit path retries.
-        try:
-            self.write()
-        except Exception as exc:  # noqa: BLE001 -- close() must never raise
-            _lifecycle.report(f"[router-hist] FAILED writing {self._path}: {describe_os_error(exc)}")
-        else:
-            _lifecycle.report(f"[router-hist] wrote {self._path}")
-        if self.closed:
-            self._close_stream()
-            _lifecycle.settle(self)
-
-    def _after_fork_in_child(self) -> None:
-        # The stagers' locks too (a DeviceRecorder another thread was staging into).
-        for stager in self._stagers():
-            renew = getattr(stager, "_after_fork_in_child", None)
-            if renew is not None:
-                renew()
-        # A lock another thread held at fork() time stays held in the child (which never writes, but may call write(path)).
-        self._write_lock = threading.RLock()
-        super()._after_fork_in_child()
-
-    def __enter__(self: _Self) -> _Self:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # A constructor that raised leaves no _owner_pid: nothing to write.
-        if getattr(self, "_owner_pid", None) is None:
-            return
-        if not self.closed:
-            self.close()
-        elif getattr(self, "_owed", False) and os.getpid() == self._owner_pid:
-            # Its close() was cut short (Ctrl-C): dropping it must not lose
-            # the capture, and the registry's weak reference is about to go.
-            self._finish(close=True)
-
     def __repr__(self) -> str:
         pilot = ("self" if self.pilot_offset() == 0 else "next") if self.pilot_enabled() else None
         return (
@@ -682,28 +636,6 @@ def _stream_mode(trace: Any) -> bool:
             raise ValueError(f"trace must be True, False or 'stream', got {trace!r}")
         return True
     return False
-
-
-def _logits_tail(capture: Any) -> bytes:
-    """The ``router_logits`` member (values through ``_f32display``, Rust's f32 ``Display``), or nothing."""
-    if capture is None:
-        return b""
-    return logits_member(*capture).encode("ascii")
-
-
-def _ints(values: list[int]) -> str:
-    return "[" + ",".join(map(str, values)) + "]"
-
-
-def _ranges(per_layer: list[list[tuple[int, int]]]) -> str:
-    """Per layer, its ``[first, stop)`` row ranges as JSON: ``[[[a,b],...],...]``."""
-    return "[" + ",".join("[" + ",".join(f"[{a},{b}]" for a, b in ranges) + "]" for ranges in per_layer) + "]"
-
-
-def _json_name(path: str) -> str:
-    """The sidecar's name as the JSON states it: relative to the capture's directory, escaped for a JSON string."""
-    return json.dumps(os.path.basename(path))[1:-1]
-
 
 @functools.lru_cache(maxsize=None)
 def recorder_class(core: type) -> type:

@@ -13,8 +13,7 @@ from conftest import require_module
 torch = require_module("torch")
 
 import turbospark  # noqa: E402
-from turbospark import torch as ts_torch  # noqa: E402
-from turbospark.torch import DeviceRecorder  # noqa: E402
+from turbospark.torch import DeviceRecorder, _transfer  # noqa: E402
 
 EMPTY_8 = "[0,0,0,0,0,0,0,0]"
 
@@ -50,7 +49,7 @@ def test_a_drain_that_keeps_failing_is_reported_once_and_the_rest_is_written(
     def broken(*args: Any) -> None:
         raise RuntimeError("the device is gone")
 
-    monkeypatch.setattr(ts_torch, "_to_host", broken)
+    monkeypatch.setattr(_transfer, "_to_host", broken)
     assert hist.to_json() == '{"num_layers":1,"num_experts":8,"top_k":2,"counts":[[0,0,0,1,1,0,0,0]],"trace":[[3,4]]}'
     hist.close()
     assert path.read_text() == hist.to_json()

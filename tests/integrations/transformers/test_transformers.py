@@ -405,7 +405,7 @@ def test_device_path_writes_what_the_host_path_writes(tmp_path: Any, monkeypatch
 
     host = run(tmp_path / "host.json")
     monkeypatch.setattr(_sink, "uses_device_path", lambda device: True)
-    monkeypatch.setattr("turbospark.torch.DEFAULT_CAPACITY", 5)  # the prompt block goes in slices
+    monkeypatch.setattr("turbospark.torch._buffers.DEFAULT_CAPACITY", 5)  # the prompt block goes in slices
     assert run(tmp_path / "device.json") == host
     assert b'"seq":' in host and (pilot is None) == (b'"pred":' not in host)
 

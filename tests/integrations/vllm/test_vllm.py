@@ -429,11 +429,16 @@ def test_shutdown_grace_only_widens_the_abort_window() -> None:
             "import turbospark.vllm as v; v.register(); v.register()\n"
             "from vllm.v1.engine import utils as u; f = u.get_engine_process_shutdown_timeout\n"
             "print(f(0, 0), f(0, 2), f(0, 30), f(0, None), f(5, 0), f(5, 3))")
-    proc = run_isolated([sys.executable, "-c", code], str(TESTS), child_env(), 120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     # Abort mode (--shutdown-timeout 0): at least 7 s for the engine to exit; vLLM's own 5 s default (None),
     # a longer window and drain mode (a positive request timeout) are left alone.
-    assert proc.stdout.splitlines()[-1] == "7.0 7.0 30 None 0 3"
+    assert _last_line(code) == "7.0 7.0 30 None 0 3"
+
+
+def _last_line(code: str) -> str:
+    """The last line a child interpreter running ``code`` printed; it must exit 0."""
+    proc = run_isolated([sys.executable, "-c", code], str(TESTS), child_env(), 120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.splitlines()[-1]
 
 
 def test_no_recording_without_the_variable(models: dict[str, str], tmp_path: pathlib.Path) -> None:
@@ -665,9 +670,7 @@ def test_shutdown_grace_reaches_the_dp_supervisor() -> None:
             "os.environ['TURBOSPARK_ROUTER_HIST'] = 'x.json'; os.environ['TURBOSPARK_VLLM_SHUTDOWN_GRACE'] = '7'\n"
             "import turbospark.vllm as v; v.register()\n"
             "print(s.get_engine_process_shutdown_timeout(0, 0))")
-    proc = run_isolated([sys.executable, "-c", code], str(TESTS), child_env(), 120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines()[-1] == "7.0"
+    assert _last_line(code) == "7.0"
 
 
 def _in_process(tmp_path: pathlib.Path, model: str, script: str, env: Optional[dict[str, str]] = None,

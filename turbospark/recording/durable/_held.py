@@ -25,12 +25,16 @@ are queued, never between the take and the queue.
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
+from typing import Any, Callable, Optional
 
 # The C functions under signal.getsignal/signal.signal, without their enum wrapping (a few us a call).
-from _signal import getsignal as _getsignal, signal as _setsignal  # type: ignore[import-not-found]
-from typing import Any, Optional
+# typeshed has no stub for the _signal module: their types are stated here, as signal's own.
+_c_signal = importlib.import_module("_signal")
+_getsignal: Callable[[int], Any] = _c_signal.getsignal
+_setsignal: Callable[[int, Any], Any] = _c_signal.signal
 
 __all__ = ["HELD", "HELD_AWARE", "Held", "Stretch", "held_here", "mark_aware"]
 

@@ -27,14 +27,22 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from types import ModuleType
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # not POSIX
-    fcntl = None  # type: ignore[assignment]
+
+def _posix_locks() -> Optional[ModuleType]:
+    """The fcntl module, or None where there is none (not POSIX)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    return fcntl
+
+
+fcntl = _posix_locks()
 
 from . import _held, _lifecycle
 from ...capture import _stream_format as fmt
@@ -300,10 +308,11 @@ class StreamWriter:
                 ids = np.frombuffer(trace, dtype=np.uint32)
                 n = ids.shape[0] // width
                 narrow = ids.astype(self._dtype).tobytes()
-                tagged = seq is not None
-                payload = (seq + narrow + phase) if tagged else narrow  # type: ignore[operator]
-                frames.append(fmt.pack_frame(fmt.PASSES, fmt.TAGGED if tagged else 0, layer, n, width, first,
-                                             payload))
+                if seq is not None and phase is not None:  # the core takes both tag columns or neither
+                    flags, payload = fmt.TAGGED, seq + narrow + phase
+                else:
+                    flags, payload = 0, narrow
+                frames.append(fmt.pack_frame(fmt.PASSES, flags, layer, n, width, first, payload))
                 passes[layer] = n
             if pred:
                 ids = np.frombuffer(pred, dtype=np.uint32)
