@@ -39,6 +39,14 @@
   Inputs with and without a map are refused, naming both files, and so is
   an input whose map cannot describe its passes (passes without seq tags).
   A counts-only merge that carries no sequence tags carries no map either.
+* A streamed capture with a gap (rows lost to a failed append, with kept rows
+  on both sides: ``capture.stream.missing``) is refused, naming the file and
+  the missing rows: the merged file is an in-memory capture, whose format
+  has no notation for missing rows, so its trace would read as unbroken
+  across the gap (windows, transitions and caches spanning it).
+  ``turbospark analyze FILES...`` reports the merge with every file's gaps
+  honoured; a missing tail (or head) is no gap: the kept rows are merged.
+  ``analyze FILES...`` is the one consumer that does not refuse them.
 * ``router_logits``: the first input's row (its pass index still points at
   the same pass, since the first input's passes come first).
 
@@ -81,6 +89,14 @@ def merged_pieces(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> Ite
     """``merge_captures``' text in pieces of at most ``CHUNK_PASSES`` rows of one layer, for writing as they come:
     the memory of a merge of streamed captures is then a chunk, not the merged capture. Checks everything (and
     raises what ``merge_captures`` raises) before it returns."""
+    for name, capture, _ in inputs:
+        gaps = trace_sums.gap_text(capture)
+        if gaps is not None:
+            raise ValueError(
+                f"cannot merge {name}: its streamed trace misses rows lost to a failed append, with rows "
+                f"kept after them ({gaps}); a merged capture cannot say which rows are missing, so its trace "
+                "would read as unbroken across the gap. turbospark analyze FILES... reports the merge with "
+                "each file's gaps as breaks")
     _check(inputs)
     first = inputs[0][1]
     with_sequences = first.trace is not None or all(_tagged(c, seqs is not None) for _, c, seqs in inputs)
