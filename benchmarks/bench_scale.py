@@ -27,8 +27,9 @@ long, its first 4 passes prompt, the rest decode), streamed only, and every
 command is run on each in a child process of its own, its peak RSS reported
 (``turbospark.load`` + every layer's trace; ``analyze``; ``place --fit 0.5``;
 ``place --batch 256``; ``cache --slots 16 32``; ``merge`` of the capture with
-itself; each from a fresh load, its output written to the directory and
-removed).
+itself; ``merge ranks``: ``turbospark merge`` of two rank files, the capture
+and a second one recorded beside it from another seed; each from a fresh
+load, its output written to the directory and removed).
 
 The comparison is the in-memory capture at the same size, in the same run.
 The 2 M case is streamed only (its in-memory trace would need ~4 GiB to
@@ -65,12 +66,12 @@ def _peak_mib() -> float:
 IN_FLIGHT, GENERATION_BLOCKS = 256, 128
 
 
-def _record(path: str, passes: int, trace: object, tagged: bool = False) -> dict[str, float]:
+def _record(path: str, passes: int, trace: object, tagged: bool = False, seed: int = 0) -> dict[str, float]:
     import numpy as np
 
     from turbospark import RouterHistogram
 
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     pool = [[np.argsort(rng.random((BLOCK, EXPERTS)), axis=1)[:, :TOP_K].astype(np.int64) for _ in range(16)]
             for _ in range(LAYERS)]
     lanes = np.arange(BLOCK, dtype=np.int64) % IN_FLIGHT
@@ -131,6 +132,7 @@ def _command(path: str, name: str) -> dict[str, float]:
         "place --batch": ["place", path, "--gpus", "8", "--slots", "160", "--batch", "256", "-o", out],
         "cache": ["cache", path, "--slots", "16", "32", "--json", "-o", out],
         "merge": ["merge", path, path, "-o", out],
+        "merge ranks": ["merge", path, _rank1(path), "-o", out],
     }[name]
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -141,6 +143,11 @@ def _command(path: str, name: str) -> dict[str, float]:
         if os.path.exists(leftover):
             os.remove(leftover)
     return {"status": status, "seconds": took, "rss": _peak_mib(), "bytes": size}
+
+
+def _rank1(path: str) -> str:
+    """The second rank's capture beside ``path`` (``merge ranks``)."""
+    return path[: -len(".json")] + "-rank1.json"
 
 
 def _child(*args: str) -> dict[str, float]:
@@ -163,7 +170,8 @@ def main() -> None:
         what, path = args.child[0], args.child[1]
         if what == "record":
             trace = "stream" if args.child[3] == "stream" else True
-            print(json.dumps(_record(path, int(args.child[2]), trace, len(args.child) > 4)))
+            seed = int(args.child[5]) if len(args.child) > 5 else 0
+            print(json.dumps(_record(path, int(args.child[2]), trace, len(args.child) > 4, seed)))
         elif what == "command":
             print(json.dumps(_command(path, args.child[2])))
         else:
@@ -201,7 +209,7 @@ def main() -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-_COMMANDS = ("place --fit", "place --batch", "cache", "merge")
+_COMMANDS = ("place --fit", "place --batch", "cache", "merge", "merge ranks")
 
 
 def _tagged(sizes: list[int], directory: str, commands: list[str]) -> None:
@@ -221,12 +229,14 @@ def _tagged(sizes: list[int], directory: str, commands: list[str]) -> None:
         row(passes, "load", load["load"], load["rss_load"])
         an = _child("analyze", path)
         row(passes, "analyze", an["analyze"], an["rss"])
+        if "merge ranks" in commands:
+            _child("record", _rank1(path), str(passes), "stream", "tagged", "1")
         for name in commands:
             got = _child("command", path, name)
             if got["status"] != 0:
                 raise SystemExit(f"{name} exited {got['status']}")
             row(passes, name, got["seconds"], got["rss"], int(got["bytes"]))
-        for name in (path, path + ".trace"):
+        for name in (path, path + ".trace", _rank1(path), _rank1(path) + ".trace"):
             if os.path.exists(name):
                 os.remove(name)
 

@@ -113,7 +113,7 @@ def test_pyarrow_reads_the_hive_dataset_and_the_file_metadata(tmp_path: Path) ->
     assert json.loads(schema.metadata[b"turbospark"]) == {
         "format": FORMAT, "source": "tagged.json", "rank": 0, "layer": 2, "num_layers": 3, "num_experts": 4,
         "top_k": 2, "passes": 3, "predictions": 2, "unaligned_predictions": 0, "trace_cap": None,
-        "trace_dropped": None, "counts": [2, 2, 1, 1]}
+        "trace_dropped": None, "counts": [2, 2, 1, 1], "missing": []}
 
 
 def test_a_capped_trace_exports_its_kept_passes_and_says_what_it_dropped(tmp_path: Path) -> None:

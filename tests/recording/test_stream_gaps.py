@@ -3,10 +3,8 @@ loader name exactly the rows it lost, and the analysis treats the gap as a break
 
 from __future__ import annotations
 
-import errno
 import json
 import math
-import os
 import re
 import warnings
 from pathlib import Path
@@ -17,40 +15,15 @@ import pytest
 
 import turbospark
 from turbospark.cli import main
-from turbospark.recording.durable import _stream
 
 from naive_analysis import _coverage, _entropy, lru_counts
+from stream_gap_helpers import EXPERTS, K, LAYERS, PASSES, kept, record_with_one_failed_append
 
-PASSES, LAYERS, EXPERTS, K = 1000, 2, 16, 2
 
 
 def _record_with_one_failed_append(path: Path, cls: Any, monkeypatch: pytest.MonkeyPatch, tagged: bool) -> list:
-    """1,000 passes per layer, in calls of 10; the 6th append after the header fails with ENOSPC."""
-    monkeypatch.setattr(_stream, "CHUNK_IDS", 100)
-    real = os.pwrite
-    calls = {"n": 0}
-
-    def pwrite(fd: int, data: Any, offset: int) -> int:
-        calls["n"] += 1
-        if calls["n"] == 7:  # the header is call 1
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(fd, data, offset)
-
-    monkeypatch.setattr(os, "pwrite", pwrite)
-    rng = np.random.default_rng(7)
-    rows = [np.argsort(rng.random((PASSES, EXPERTS)) ** (1 + layer), axis=1)[:, :K] % 6 * 2 + layer
-            for layer in range(LAYERS)]
-    seq = np.arange(PASSES) // 7 % 5  # five sequences, interleaved seven passes at a time
-    hist = cls(str(path), LAYERS, EXPERTS, K, trace="stream")
-    for lo in range(0, PASSES, 10):
-        for layer in range(LAYERS):
-            if tagged:
-                hist.record_batch(layer, rows[layer][lo:lo + 10], seq=seq[lo:lo + 10], phase="decode")
-            else:
-                hist.record_many(layer, rows[layer][lo:lo + 10])
-    hist.close()
-    assert calls["n"] > 8
-    return [rows, seq]
+    recorded = record_with_one_failed_append(path, cls, monkeypatch, tagged)
+    return [recorded["rows"], recorded["seq"]]
 
 
 def _sets(rows: np.ndarray) -> list[set[int]]:
@@ -135,3 +108,116 @@ def test_a_tagged_capture_breaks_every_sequence_at_the_gap(
         assert entry["window_distinct"]["4"] == sum(sizes) / len(sizes)
         assert entry["reuse"] == math.fsum(ratios) / len(ratios)
         assert entry["passes"] == PASSES - (b - a)
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The analysis kernels (metrics sums, cache simulation) in turn: compiled, then their numpy twins
+    (``TURBOSPARK_PUREPYTHON``, read at each call; this pass runs on both recorder cores already)."""
+    if request.param == "numpy":
+        monkeypatch.setenv("TURBOSPARK_PUREPYTHON", "1")
+    else:
+        monkeypatch.delenv("TURBOSPARK_PUREPYTHON", raising=False)
+    return str(request.param)
+
+
+def _naive_pilot(rows: np.ndarray, preds: np.ndarray, lost: list[list[int]],
+                 lost_preds: list[list[int]]) -> tuple[list[int], float, float]:
+    """The recorded pass indices whose predictions a capture keeps, and (recall, exact) over them, naively:
+    the missing passes skipped, and the pairs stopped at a kept pass whose prediction is missing."""
+    def missing(p: int, ranges: list[list[int]]) -> bool:
+        return any(a <= p < b for a, b in ranges)
+
+    pairs = []
+    for p in range(rows.shape[0]):
+        if missing(p, lost):
+            continue
+        if missing(p, lost_preds):
+            break
+        pairs.append(p)
+    sets = [(set(rows[p].tolist()), set(preds[p].tolist())) for p in pairs]
+    recall = math.fsum(len(s & g) / len(s) for s, g in sets) / len(sets)
+    return pairs, recall, sum(1 for s, g in sets if s == g) / len(sets)
+
+
+@pytest.mark.parametrize("fail, ahead, aligned", [(7, False, 980), (12, False, 980), (12, True, 160)])
+def test_prediction_metrics_skip_the_missing_passes(
+        tmp_path: Path, cls: Any, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+        fail: int, ahead: bool, aligned: int, kernels: str) -> None:
+    """A gap in the pilot's predictions, end to end: analyze pairs each kept pass with its own prediction."""
+    path = tmp_path / "c.json"
+    recorded = record_with_one_failed_append(path, cls, monkeypatch, False, pilot=True, fail=fail,
+                                             predict_ahead=ahead)
+    rows, preds = recorded["rows"], recorded["preds"]
+    stream = json.loads(path.read_text())["stream"]
+    lost, lost_preds = stream["lost_rows"][1], stream["lost_prediction_rows"][1]
+    assert lost and lost_preds and stream["lost_prediction_rows"][0] == []
+    pairs, recall, exact = _naive_pilot(rows[1], preds, lost, lost_preds)
+    assert len(pairs) == aligned  # 160: a prediction of a kept pass is missing, so the rest cannot line up
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        capture = turbospark.load(path)
+        assert capture.stream.missing_predictions[1] == tuple(map(tuple, lost_preds))
+        assert capture.pred[1].tolist() == preds[pairs].tolist()
+        assert capture.trace[1].tolist() == kept(rows[1], lost).tolist()
+        capfd.readouterr()
+        assert main(["analyze", str(path), "--json"]) == 0
+    entry = json.loads(capfd.readouterr().out)["layers"][1]
+    assert (entry["pilot_recall"], entry["pilot_exact"]) == (recall, exact)
+    assert 0 < exact < 1  # the predictions differ from the passes now and then: the pairing matters
+
+
+def _pass_lru(passes: list[list[int]], slots: int) -> tuple[int, int]:
+    """(hits, needed) of the cache command's LRU, naively: a pass's distinct experts are hits when resident as it
+    starts; a load into a full cache evicts the least recently used expert the pass does not need (a pass's
+    experts share its time: the lower id goes first)."""
+    last: dict[int, int] = {}
+    hits = needed = 0
+    for time, ids in enumerate(passes):
+        want = list(dict.fromkeys(ids))
+        needed += len(want)
+        hits += sum(1 for e in want if e in last)
+        for e in want:
+            if e not in last and len(last) >= slots:
+                del last[min((x for x in last if x not in want), key=lambda x: (last[x], x))]
+            last[e] = time
+    return hits, needed
+
+
+def _as_sequences(rows: np.ndarray, seq: Any, lost: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The kept rows of a layer, and sequence ids that make each side of the gap its own runs: a pass
+    after the gap gets its sequence id + 5 (an untagged layer: sequence 0 before, 1 after)."""
+    (a, b), = lost
+    side = (np.arange(rows.shape[0]) >= b).astype(np.int64)
+    ids = (np.zeros(rows.shape[0], dtype=np.int64) if seq is None else np.asarray(seq)) + side * (5 if seq is not None
+                                                                                                  else 1)
+    return kept(rows, lost), kept(ids, lost)
+
+
+@pytest.mark.parametrize("tagged", [False, True])
+def test_the_cache_simulation_serves_each_side_of_a_gap_as_its_own_run(
+        tmp_path: Path, cls: Any, monkeypatch: pytest.MonkeyPatch, tagged: bool, kernels: str) -> None:
+    """Every policy (the compiled kernel, or the numpy twin under TURBOSPARK_PUREPYTHON) on a gapped capture
+    equals the same policy on an in-memory capture whose sides are separate sequences; LRU also naively."""
+    from turbospark.offload.cache import cache_report
+
+    path = tmp_path / "c.json"
+    recorded = record_with_one_failed_append(path, cls, monkeypatch, tagged)
+    rows, seq = recorded["rows"], recorded["seq"] if tagged else None
+    lost = json.loads(path.read_text())["stream"]["lost_rows"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = cache_report(turbospark.load(path), [2, 4, 6], ["lru", "lfu", "belady"])
+    sides = [_as_sequences(rows[layer], seq, lost[layer]) for layer in range(LAYERS)]
+    doc = {"num_layers": LAYERS, "num_experts": EXPERTS, "top_k": K,
+           "counts": [np.bincount(ids.ravel(), minlength=EXPERTS).tolist() for ids, _ in sides],
+           "trace": [ids.ravel().tolist() for ids, _ in sides], "seq": [s.tolist() for _, s in sides],
+           "phase": [[1] * s.shape[0] for _, s in sides]}
+    twin = cache_report(turbospark.loads(json.dumps(doc)), [2, 4, 6], ["lru", "lfu", "belady"])
+    assert report["layers"] == twin["layers"]
+    for layer, (ids, s) in enumerate(sides):
+        # LRU, naively: every stream (a sequence's passes on one side of the gap) from an empty cache.
+        runs = [ids[s == sid] for sid in np.unique(s).tolist()]
+        hits, lookups = map(sum, zip(*(_pass_lru(run.tolist(), 4) for run in runs)))
+        assert report["layers"][layer]["hit_rate"]["lru"][1] == hits / lookups
+        assert report["layers"][layer]["streams"] == len(runs) == (10 if tagged else 2)

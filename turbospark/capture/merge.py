@@ -39,6 +39,14 @@
   Inputs with and without a map are refused, naming both files, and so is
   an input whose map cannot describe its passes (passes without seq tags).
   A counts-only merge that carries no sequence tags carries no map either.
+* A streamed capture with a gap (rows lost to a failed append, with kept rows
+  on both sides: ``capture.stream.missing``) is refused, naming the file and
+  the missing rows: the merged file is an in-memory capture, whose format
+  has no notation for missing rows, so its trace would read as unbroken
+  across the gap (windows, transitions and caches spanning it).
+  ``turbospark analyze FILES...`` reports the merge with every file's gaps
+  honoured; a missing tail (or head) is no gap: the kept rows are merged.
+  ``analyze FILES...`` is the one consumer that does not refuse them.
 * ``router_logits``: the first input's row (its pass index still points at
   the same pass, since the first input's passes come first).
 
@@ -78,9 +86,18 @@ def merge_captures(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> st
 
 
 def merged_pieces(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> Iterator[str]:
-    """``merge_captures``' text in pieces of at most ``CHUNK_PASSES`` rows of one layer, for writing as they come:
+    """``merge_captures``' text in pieces of at most ``CHUNK_PASSES`` values (ids or tags) of one layer, for writing
+    as they come:
     the memory of a merge of streamed captures is then a chunk, not the merged capture. Checks everything (and
     raises what ``merge_captures`` raises) before it returns."""
+    for name, capture, _ in inputs:
+        gaps = row_reader.gap_text(capture)
+        if gaps is not None:
+            raise ValueError(
+                f"cannot merge {name}: its streamed trace misses rows lost to a failed append, with rows "
+                f"kept after them ({gaps}); a merged capture cannot say which rows are missing, so its trace "
+                "would read as unbroken across the gap. turbospark analyze FILES... reports the merge with "
+                "each file's gaps as breaks")
     _check(inputs)
     first = inputs[0][1]
     with_sequences = first.trace is not None or all(_tagged(c, seqs is not None) for _, c, seqs in inputs)
@@ -139,7 +156,10 @@ def _joined_rows(parts: list[tuple[Any, Optional[int], int]], num_layers: int,
             else:
                 assert passes is not None, "a part without rows is counted by its passes"
                 count = passes[index][layer]
-            chunk = row_reader.CHUNK_PASSES
+            # A chunk of CHUNK_PASSES values, not rows: its text (a str per value, the join's list of them,
+            # ~50 bytes a value) is then the same size for a top-8 trace as for a seq column, whatever
+            # the layer's length (rows of top-8 ids made a 2 M-value chunk: ~100 MiB of strs).
+            chunk = max(1, row_reader.CHUNK_PASSES // _width(rows, layer))
             for lo in range(0, count, chunk):
                 hi = min(count, lo + chunk)
                 if rows is None:
@@ -159,6 +179,15 @@ def _joined_rows(parts: list[tuple[Any, Optional[int], int]], num_layers: int,
                 release()
         yield "]"
     yield "]"
+
+
+def _width(rows: Any, layer: int) -> int:
+    """Values per row of ``rows[layer]`` (top_k for ids, 1 for tags), read from its first row only."""
+    if rows is None or not layer_rows(rows, layer):
+        return 1
+    piece = getattr(rows, "row_range", None)
+    first = np.asarray(piece(layer, 0, 1) if piece is not None else rows[layer][:1])
+    return max(1, int(first.size))
 
 
 def dropped_sequences(inputs: list[tuple[str, Capture, Optional[Sequences]]]) -> Optional[list[str]]:
@@ -331,9 +360,19 @@ def _requests_key(captures: list[Capture]) -> str:
     return requests_key(entries)
 
 
-def sequence_width(seq: list[np.ndarray]) -> int:
-    """The width of an input: its largest sequence id + 1, or 0 when it has no passes."""
-    return max((int(row.max()) + 1 for row in seq if row.size), default=0)
+def sequence_width(seq: Any) -> int:
+    """The width of an input: its largest sequence id + 1, or 0 when it has no passes. A streamed seq
+    is read a chunk at a time (``row_range``), never a whole layer."""
+    piece = getattr(seq, "row_range", None)
+    if piece is None:
+        return max((int(row.max()) + 1 for row in seq if row.size), default=0)
+    top = -1
+    for layer in range(len(seq)):
+        count = layer_rows(seq, layer)
+        for lo in range(0, count, row_reader.CHUNK_PASSES):
+            top = max(top, int(piece(layer, lo, min(count, lo + row_reader.CHUNK_PASSES)).max()))
+        seq.release()
+    return top + 1
 
 
 def _rows(rows: list[np.ndarray]) -> str:

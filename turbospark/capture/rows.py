@@ -8,11 +8,11 @@ readers (merge, the per-sequence view) and every metric read a layer in chunks o
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["CHUNK_PASSES", "layer_breaks", "layer_rows"]
+__all__ = ["CHUNK_PASSES", "gap_text", "layer_breaks", "layer_gaps", "layer_rows"]
 
 # 256 Ki passes: 2 MiB of a uint8 top-8 trace, 16 MiB as int64; large enough
 # that the per-chunk Python cost vanishes, small enough to bound memory.
@@ -31,6 +31,30 @@ def layer_breaks(capture: Any, layer: int) -> list[int]:
     A break is a sequence's end and a new one's start for every metric of consecutive passes."""
     stream = getattr(capture, "stream", None)
     return [] if stream is None else stream.breaks(layer)
+
+
+def layer_gaps(capture: Any, layer: int, *, leading: bool = False) -> list[tuple[int, int]]:
+    """The ``(first, stop)`` row ranges (as recorded) a streamed capture's layer ``layer`` misses with kept
+    rows on both sides: each is a break (``layer_breaks``); with ``leading``, also one before the layer's
+    first kept row (its kept rows then sit at other indices than recorded). Empty for any other capture,
+    and a missing tail (nothing kept after it) is never one: the kept rows are then a prefix, unbroken."""
+    stream = getattr(capture, "stream", None)
+    if stream is None or not stream.missing or capture.trace is None:
+        return []
+    rows, before, out = layer_rows(capture.trace, layer), 0, []
+    for first, stop in stream.missing[layer]:
+        kept_before = first - before
+        if kept_before < rows and (kept_before > 0 or leading):
+            out.append((int(first), int(stop)))
+        before += stop - first
+    return out
+
+
+def gap_text(capture: Any, *, leading: bool = False) -> Optional[str]:
+    """``layer_gaps`` of every layer as text ("layer 0 rows [10, 20), layer 1 rows [12, 22)"), None without one."""
+    listed = [f"layer {layer} rows " + " ".join(f"[{a}, {b})" for a, b in gaps)
+              for layer in range(capture.num_layers) if (gaps := layer_gaps(capture, layer, leading=leading))]
+    return ", ".join(listed) if listed else None
 
 
 def _pieces(passes: int, breaks: Sequence[int]) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from ..capture.reader import Capture
 from ..placement.dispatch import DISPATCH, Routing, routing, trivial_map
+from ..capture.rows import layer_breaks
 from ..placement.document import by_dispatch, dispatch_inputs, dispatch_lines, evaluate_map, model_means
 from ..placement.formats import read_placement_file
 
@@ -67,7 +68,11 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
 
 def whole_flow(capture: Capture) -> Routing:
     """One capture's routing: its counts and trace, ranks unknown."""
-    return routing([capture.counts], None if capture.trace is None else [capture.trace])
+    if capture.trace is None:
+        return routing([capture.counts])
+    # A streamed capture's gaps end round-robin's per-layer call there (no block joins rows across one).
+    return routing([capture.counts], [capture.trace],
+                   breaks=[[layer_breaks(capture, layer) for layer in range(capture.num_layers)]])
 
 
 def _placement(capture: Capture, path: str, gpus: Optional[int], dispatch: str, first_layer: int,

@@ -15,6 +15,7 @@ from .._atomic import atomic_output
 from ..capture.sequences import exact_fraction
 from ..capture.reader import Capture
 from ..outputs.replay import routed_experts, save_routed_experts
+from ..capture.rows import layer_breaks
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
 from ..placement.formats import FORMATS, read_placement_file, render
@@ -127,7 +128,10 @@ def read_ranks(paths: list[str], gpus: int) -> tuple[Capture, Any, Optional[Rout
         if capture.header != first.header:
             raise UsageError(f"{path} ({_geometry(capture)}) does not fit {paths[0]} ({_geometry(first)})")
     traces = [c.trace for c in captures if c.trace is not None]
-    flow = routing([c.counts for c in captures], traces if len(traces) == len(captures) else None)
+    whole = len(traces) == len(captures)
+    # Each rank's gaps (a streamed capture's failed appends) end round-robin's calls there.
+    breaks = [[layer_breaks(c, layer) for layer in range(c.num_layers)] for c in captures] if whole else None
+    flow = routing([c.counts for c in captures], traces if whole else None, breaks=breaks)
     total = Capture(first.num_layers, first.num_experts, first.top_k, flow.counts.sum(axis=0))
     return total, None, flow
 
@@ -266,12 +270,12 @@ def _export_json(args: argparse.Namespace) -> int:
 
     capture, _ = read_capture(args.capture)
     if args.output in (None, "-"):
-        write_json(capture, sys.stdout.buffer)
+        write_json(capture, sys.stdout.buffer, args.capture)
         sys.stdout.buffer.flush()
         return 0
     try:
         with atomic_output(args.output) as out:
-            write_json(capture, out)
+            write_json(capture, out, args.capture)
     except OSError as exc:
         raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
     return 0

@@ -7,7 +7,10 @@ for byte once ``json.dumps``-ed. Nothing is merged: each task loads its file (``
 cached per process, so a worker parses a JSON capture once however many of its layers it runs)
 and returns one ``partial.LayerPart``; the parts of a layer are summed in file order and turned
 into the report (``partial`` says why each number is exact). A small task per file first
-describes its shapes, so the inputs ``merge`` would refuse are refused with its own message.
+describes its shapes, so the inputs ``merge`` would refuse are refused with its own message; but a
+streamed file with a gap (rows lost to a failed append), which ``merge`` refuses because its output
+cannot say which rows are missing, is analysed here with the gap as a break (each task reads its
+file's ``capture.stream``).
 
 ``run(function, *iterables)`` maps the tasks: ``map`` semantics, returning a list in order. The
 default runs them here; ``dask_runner(client)`` submits them to Dask distributed

@@ -251,14 +251,24 @@ def coverage(
 
 
 def window_distinct(
-    ids: np.ndarray, num_experts: int, windows: Iterable[int]
+    ids: np.ndarray, num_experts: int, windows: Iterable[int], breaks: Sequence[int] = ()
 ) -> dict[int, float | None]:
     """Mean size of the union of S_p over every window of M consecutive passes.
 
-    Takes a layer's (P, K) trace, E and window sizes; returns {M: mean or
-    None}, None when P < M.
+    Takes a layer's (P, K) trace, E and window sizes, and optionally the
+    positions where rows resume after a gap (``trace_sums.layer_breaks``: no
+    window spans one); returns {M: mean or None}, None when no run holds M passes.
     """
-    return _window_distinct(pass_bitsets(ids, num_experts), list(windows))
+    sizes = list(windows)
+    cuts = [0] + sorted({b for b in breaks if 0 < b < ids.shape[0]}) + [ids.shape[0]]
+    if len(cuts) == 2:
+        return _window_distinct(pass_bitsets(ids, num_experts), sizes)
+    totals = {m: [0, 0] for m in sizes}
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        for m, (total, count) in _window_totals(pass_bitsets(ids[a:b], num_experts), sizes).items():
+            totals[m][0] += total
+            totals[m][1] += count
+    return {m: (total / count if count else None) for m, (total, count) in totals.items()}
 
 
 def _window_distinct(bits: np.ndarray, windows: Sequence[int]) -> dict[int, float | None]:

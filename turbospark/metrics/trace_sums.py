@@ -33,9 +33,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..capture import rows as _rows
-from ..capture.rows import _pieces, _release, _row_range, layer_breaks, layer_rows
+from ..capture.rows import _pieces, _release, _row_range, layer_breaks, layer_gaps, gap_text, layer_rows
 
-__all__ = ["backend", "layer_breaks", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
+__all__ = ["backend", "gap_text", "layer_breaks", "layer_gaps", "layer_rows", "new_sums", "run_sums", "runs_of", "sequence_sums", "tagged_sums",
            "trace_values"]
 
 _WIDTHS = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.int64))

@@ -9,7 +9,11 @@ whitespace, no newline. For a streamed capture this is the document the
 recorder would have written had it kept the trace in memory; for a JSON
 capture it gives the file back, byte for byte. The rows are written one
 layer at a time, so a streamed layer's rows are in memory only while that
-layer is written.
+layer is written. A streamed capture with a gap (rows lost to a failed
+append with kept rows after them) is refused (``ValueError`` naming the
+rows): the reference's document has no notation for missing rows, so its
+trace would read as unbroken across the gap; ``--to parquet`` keeps the gap
+(its ``pass`` column holds the recorded row indices).
 """
 
 from __future__ import annotations
@@ -19,12 +23,20 @@ from typing import IO, Any
 import numpy as np
 
 from ..capture.reader import Capture, logits_json, requests_key
+from ..capture.rows import gap_text
 
 __all__ = ["write_json"]
 
 
-def write_json(capture: Capture, out: IO[bytes]) -> None:
-    """Write ``capture`` to the binary stream ``out`` as the recorder's JSON document."""
+def write_json(capture: Capture, out: IO[bytes], name: str = "the capture") -> None:
+    """Write ``capture`` (called ``name`` in a message) to the binary stream ``out`` as the recorder's
+    JSON document. Raises ``ValueError``, before writing anything, for a streamed capture with a gap."""
+    gaps = gap_text(capture)
+    if gaps is not None:
+        raise ValueError(f"cannot export {name} as one JSON document: its streamed trace misses rows lost to a "
+                         f"failed append, with rows kept after them ({gaps}); the JSON cannot say which rows are "
+                         "missing, so its trace would read as unbroken across the gap. --to parquet keeps the "
+                         "gap (the pass column holds the recorded row indices)")
     experts = capture.num_experts if capture.num_layers else 0
     out.write(f'{{"num_layers":{capture.num_layers},"num_experts":{experts},"top_k":{capture.top_k},'
               f'"counts":'.encode("ascii"))

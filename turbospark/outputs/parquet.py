@@ -6,14 +6,17 @@ layer included (a layer without passes is a file of zero rows, so every reader s
 schema and every layer), one row per pass of the layer's trace, in pass order. The layout, the
 columns and what each one holds are in docs/exports.md:
 
-* ``pass`` int64: the pass's index in its layer (0, 1, 2, ...); ``seq`` int64 and ``phase`` uint8
+* ``pass`` int64: the pass's index in its layer as recorded (0, 1, 2, ...; a streamed capture's
+  rows lost to a failed append are absent, so the indices after such a gap jump over it); ``seq`` int64 and ``phase`` uint8
   (0 prompt, 1 decode): its tags, null when the capture has none; ``ids``: its top-k ids in the
   router's order, a list of the smallest unsigned type holding ``num_experts - 1`` (uint8 up to 256
   experts, uint16 up to 65,536, uint32 beyond); ``pred``: the one-layer-ahead prediction filed for
   that pass, the same list type, null where the capture holds none for it.
 * Every file's key-value metadata ``turbospark`` is a JSON object naming its source, rank, layer,
   the geometry and the layer's exact ``counts`` (so a capped trace, whose dropped passes are counted
-  but not traced, still says what it counted).
+  but not traced, still says what it counted), and ``missing``: the layer's ``[first, stop)`` ranges
+  of recorded pass indices that are not in the capture (``capture.stream.missing``; [] for any other
+  capture), so a reader knows where a gap breaks the passes' order.
 
 pyarrow is an optional dependency (``pip install 'turbospark[parquet]'``), imported only when an
 export runs; without it ``MissingPyarrow`` says what to install. Memory: beyond the capture being
@@ -160,7 +163,7 @@ def _write_rank(pa: Any, pq: Any, root: str, rank: int, name: str, capture: Capt
         meta = {"format": FORMAT, "source": name, "rank": rank, "layer": layer, **capture.header,
                 "passes": count, "predictions": aligned, "unaligned_predictions": held - aligned,
                 "trace_cap": capture.trace_cap, "trace_dropped": dropped,
-                "counts": capture.counts[layer].tolist()}
+                "counts": capture.counts[layer].tolist(), "missing": [list(r) for r in _missing(capture, layer)]}
         folder = os.path.join(root, f"rank={rank}", f"layer={layer}")
         os.makedirs(folder)
         schema = _schema(pa, capture, meta)
@@ -192,8 +195,26 @@ def _group(pa: Any, schema: Any, capture: Capture, layer: int, start: int, stop:
     else:
         seq = pa.array(np.asarray(capture.seq[layer][start:stop]).astype(np.int64, copy=False))
         phase = pa.array(np.asarray(capture.phase[layer][start:stop]).astype(np.uint8))
-    index = pa.array(np.arange(start, stop, dtype=np.int64))
+    index = pa.array(_recorded(capture, layer, start, stop))
     return pa.Table.from_arrays([index, seq, phase, ids, pred], schema=schema)
+
+
+def _missing(capture: Capture, layer: int) -> list[tuple[int, int]]:
+    stream = capture.stream
+    return [] if stream is None or not stream.missing else [(int(a), int(b)) for a, b in stream.missing[layer]]
+
+
+def _recorded(capture: Capture, layer: int, start: int, stop: int) -> np.ndarray:
+    """The recorded pass indices of the layer's kept rows start..stop-1: each missing range shifts the rows after it."""
+    rows = np.arange(start, stop, dtype=np.int64)
+    holes = _missing(capture, layer)
+    if not holes:
+        return rows
+    sizes = np.array([b - a for a, b in holes], dtype=np.int64)
+    # A range's first kept row after it, in kept-row indices: its first, less the rows missing before it.
+    resume = np.array([a for a, _ in holes], dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    shift = np.concatenate([[0], np.cumsum(sizes)])
+    return rows + shift[np.searchsorted(resume, rows, side="right")]
 
 
 def _list(pa: Any, rows: np.ndarray, n: int, k: int, dtype: np.dtype) -> Any:

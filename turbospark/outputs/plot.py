@@ -23,6 +23,7 @@ import numpy as np
 
 from ..metrics.layers import coverage, pilot_scores, uniform_window_distinct, window_distinct
 from ..capture.reader import Capture
+from ..capture.rows import layer_breaks
 
 __all__ = ["INSTALL_HINT", "MissingMatplotlib", "agg_figure", "build_figure", "plot_capture", "relative_share"]
 
@@ -177,7 +178,9 @@ def _windows(axes: Any, capture: Capture, max_window: int) -> None:
         _note(axes, "no trace in this capture\n(record with trace=True)")
         return
     sizes = list(range(1, max_window + 1))
-    per_layer = [window_distinct(ids, e, sizes) for ids in capture.trace if len(ids)]
+    # A streamed capture's gaps break the runs: no window spans one (as in analyze).
+    per_layer = [window_distinct(ids, e, sizes, layer_breaks(capture, layer))
+                 for layer, ids in enumerate(capture.trace) if len(ids)]
     means = []
     for m in sizes:
         values = [row[m] for row in per_layer if row[m] is not None]

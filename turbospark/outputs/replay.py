@@ -21,6 +21,10 @@ position means, are in docs/replay.md:
   without sequence tags is one sequence (id 0) and its tokens' phase is -1
   (unknown). Each token's phase is the phase of its pass in the lowest layer
   that routed it.
+* A streamed capture that misses rows with kept rows after them (a failed
+  append; also a missing head) is refused (``ValueError`` naming the rows):
+  the lost passes' sequences are unknown, so every later pass of the layer
+  would be aligned with the wrong token. A missing tail is no such gap.
 * ``pass_seq`` keeps, per layer, which sequence each pass belonged to in pass
   order, so each layer's trace and seq row are rebuilt exactly
   (``RoutedExperts.layer``).
@@ -37,6 +41,7 @@ from typing import BinaryIO, Optional
 import numpy as np
 
 from ..capture.reader import Capture
+from ..capture.rows import gap_text
 from .._atomic import write_atomic
 
 __all__ = ["FORMAT", "RoutedExperts", "id_dtype", "load_routed_experts", "routed_experts", "save_routed_experts"]
@@ -125,11 +130,17 @@ def routed_experts(capture: Capture) -> RoutedExperts:
     """The capture's trace laid out per token; takes a ``Capture``, returns ``RoutedExperts``.
 
     Raises ``ValueError`` when the capture has no trace (counts alone do not say which expert routed
-    which token) or more experts than uint32 can hold beside the fill.
+    which token), more experts than uint32 can hold beside the fill, or rows missing before kept ones.
     """
     if capture.trace is None:
         raise ValueError("routed experts need the capture's trace: counts alone do not say which token "
                          "went to which expert (record with trace=True)")
+    gaps = gap_text(capture, leading=True)
+    if gaps is not None:
+        raise ValueError(f"routed experts align a sequence's passes across layers by order, but the streamed "
+                         f"trace misses rows lost to a failed append, with rows kept after them ({gaps}): the "
+                         "lost passes' sequences are unknown, so the later passes would be replayed for the "
+                         "wrong tokens")
     dtype = id_dtype(capture.num_experts)
     fill = int(np.iinfo(dtype).max)
     layers, top_k = capture.num_layers, capture.top_k

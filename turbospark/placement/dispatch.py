@@ -145,13 +145,17 @@ class Routing:
     real per-rank captures, False for one capture (R = 1, ranks unknown); ``calls``
     None (each layer's passes are one kernel call) or, per rank, per layer, the (P,)
     engine step of each traced pass (round-robin runs one kernel call per step);
-    ``steps`` says how the steps were formed."""
+    ``steps`` says how the steps were formed; ``breaks`` None or, per rank, per layer,
+    the positions in its traced passes where rows resume after a gap (a streamed
+    capture's failed append): round-robin's per-layer call ends there and another
+    starts, so no block joins rows across a gap."""
 
     counts: np.ndarray
     traces: Optional[tuple["LayerIds", ...]]
     measured: bool
     calls: Optional[tuple[tuple[np.ndarray, ...], ...]] = None
     steps: Optional[str] = None
+    breaks: Optional[tuple[tuple[tuple[int, ...], ...], ...]] = None
 
     @property
     def total(self) -> np.ndarray:
@@ -178,11 +182,13 @@ class LayerIds(Sequence[np.ndarray]):
 
 
 def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.ndarray]]] = None,
-            calls: Optional[Sequence[Sequence[np.ndarray]]] = None, steps: Optional[str] = None) -> Routing:
+            calls: Optional[Sequence[Sequence[np.ndarray]]] = None, steps: Optional[str] = None,
+            breaks: Optional[Sequence[Sequence[Sequence[int]]]] = None) -> Routing:
     """A ``Routing`` from per-rank (L, E) counts (one entry: ranks unknown) and, optionally,
     per-rank per-layer (P, K) traces and (P,) engine steps of their passes (``steps``: how
-    they were formed, for the output). Raises ``ValueError`` when the ranks differ in shape,
-    or steps come without a trace or do not match its passes."""
+    they were formed, for the output), and per-rank per-layer gap positions in the traces
+    (``breaks``, see ``Routing``). Raises ``ValueError`` when the ranks differ in shape,
+    or steps or breaks come without a trace, or steps do not match its passes."""
     shapes = {np.shape(c) for c in counts}
     if len(shapes) != 1:
         raise ValueError(f"the per-rank counts differ in shape: {sorted(shapes)}")
@@ -195,7 +201,12 @@ def routing(counts: Sequence[np.ndarray], traces: Optional[Sequence[Sequence[np.
         steps_kept = tuple(tuple(np.asarray(c, dtype=np.int64) for c in rank) for rank in calls)
         if [[c.shape[0] for c in rank] for rank in steps_kept] != [[ids.shape[0] for ids in rank] for rank in kept]:
             raise ValueError("the engine steps do not match the trace's passes")
-    return Routing(stacked, kept, len(stacked) > 1, steps_kept, steps if calls is not None else None)
+    kept_breaks = None
+    if breaks is not None and any(len(b) for rank in breaks for b in rank):
+        if kept is None:
+            raise ValueError("gap positions need the trace they cut")
+        kept_breaks = tuple(tuple(tuple(int(p) for p in layer) for layer in rank) for rank in breaks)
+    return Routing(stacked, kept, len(stacked) > 1, steps_kept, steps if calls is not None else None, kept_breaks)
 
 
 def round_robin_note(flow: Routing, batch_hint: bool = False) -> str:
@@ -398,14 +409,19 @@ def _round_robin_loads(phy2log: np.ndarray, flow: Routing, gpus: int) -> np.ndar
                     loads[layer] += _block_loads(ids, block, group * experts + ids, r, offset, order[layer],
                                                  start[layer], per_gpu, gpus)
                     continue
-                flat = flow.traces[rank][layer].reshape(-1)
-                # Whole blocks at a time (a block's replicas depend on that block alone): the int64
-                # temporaries are a chunk's, not the layer's (~8 arrays of 8 bytes per id).
-                for lo in range(0, flat.size, _ROUND_ROBIN_CHUNK):
-                    ids = flat[lo:lo + _ROUND_ROBIN_CHUNK].astype(np.int64)
-                    block = (lo + np.arange(ids.size)) // trtllm_block
-                    loads[layer] += _block_loads(ids, block, block * experts + ids, r, offset, order[layer],
-                                                 start[layer], per_gpu, gpus)
+                passes = flow.traces[rank][layer]
+                cuts = () if flow.breaks is None else flow.breaks[rank][layer]
+                bounds = [0] + [b for b in cuts if 0 < b < passes.shape[0]] + [passes.shape[0]]
+                # A gap ends the call: the rows after it are a call of their own (blocks restart).
+                for a, b in zip(bounds[:-1], bounds[1:]):
+                    flat = passes[a:b].reshape(-1)
+                    # Whole blocks at a time (a block's replicas depend on that block alone): the int64
+                    # temporaries are a chunk's, not the layer's (~8 arrays of 8 bytes per id).
+                    for lo in range(0, flat.size, _ROUND_ROBIN_CHUNK):
+                        ids = flat[lo:lo + _ROUND_ROBIN_CHUNK].astype(np.int64)
+                        block = (lo + np.arange(ids.size)) // trtllm_block
+                        loads[layer] += _block_loads(ids, block, block * experts + ids, r, offset, order[layer],
+                                                     start[layer], per_gpu, gpus)
             else:
                 # Slots in (expert, slot) order: the q-th copy of its expert gets the j = (q - g) mod r
                 # occurrences j, j + r, ... of the expert's n tokens.

@@ -56,11 +56,12 @@ import numpy as np
 
 from ..capture.sequences import Sequences, split_unit
 from ..capture.reader import Capture
+from ..capture.rows import layer_breaks
 from . import Placement, place
 from .dispatch import (DISPATCH, STATIC_ASSUMED, STATIC_MEASURED, STATIC_UNKNOWN, LayerIds, Routing, dispatch_loads,
                        gpu_loads, imbalance, layer_stats, replica_counts, round_robin_note, routing, trivial_map)
 from .migrate import align, moved_slots, rebalance
-from .samples import Split, batch_counts, serving_steps, split, window_sequences
+from .samples import Split, batch_counts, serving_steps, split, window_breaks, window_sequences
 
 __all__ = ["build", "summary_lines"]
 
@@ -173,11 +174,13 @@ def _fit_flow(capture: Capture, parts: Split, batch: Optional[int] = None,
         return routing([parts.fit])
     windows: list[Union[slice, np.ndarray]] = ([slice(None)] * capture.num_layers if parts.fit_masks is None
                                                else list(parts.fit_masks))
+    # A streamed capture's gaps, as positions in each layer's fit passes: no call or step joins rows across one.
+    cuts = [window_breaks(layer_breaks(capture, layer), which) for layer, which in enumerate(windows)]
     if batch is None:
         return routing([parts.fit], [capture.trace if parts.fit_masks is None
-                                     else LayerIds(capture.trace, parts.fit_masks)])
+                                     else LayerIds(capture.trace, parts.fit_masks)], breaks=[cuts])
     trace = [ids[which] for ids, which in zip(capture.trace, windows)]
-    steps = [serving_steps(ids.shape[0], batch, window_sequences(seqs, layer, which))
+    steps = [serving_steps(ids.shape[0], batch, window_sequences(seqs, layer, which), cuts[layer])
              for layer, (ids, which) in enumerate(zip(trace, windows))]
     kind = "concurrent sequences" if seqs is not None else "consecutive passes"
     return routing([parts.fit], [trace], [steps], f"--batch {batch}, {kind}")
@@ -236,9 +239,10 @@ def _evaluate(capture: Capture, parts: Split, phy2log: np.ndarray, gpus: int,
             if parts.fit_masks is not None:
                 mask = parts.fit_masks[layer]
                 windows = {"batch_in_sample": mask, "batch_out_of_sample": ~mask}
+            breaks = layer_breaks(capture, layer)
             for key, which in windows.items():
                 counts = batch_counts(ids[which], capture.num_experts, batch,
-                                      window_sequences(seqs, layer, which))
+                                      window_sequences(seqs, layer, which), window_breaks(breaks, which))
                 row[key] = _batch_mean(phy2log[layer], counts, gpus)
         rows.append(row)
     return rows

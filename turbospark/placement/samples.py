@@ -18,6 +18,12 @@
   holds all its prompt passes (phase 0, one prefill), then each step one
   decode pass; iteration t holds the step each running sequence is at, so
   iterations shrink once no sequence is left to fill a freed row.
+* A streamed capture's gap (rows lost to a failed append: ``layer_breaks``)
+  ends every batch and step there: the rows on each side are served as two
+  runs (a sequence's passes after the gap as a new arrival), so no batch,
+  step or round-robin kernel call joins rows across it. The fit split
+  itself needs nothing more: it takes whole sequences, or a layer's first
+  kept passes, and its windows' batches are cut at the gaps they hold.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from ..capture.sequences import serving_iterations as _continuous_batches
 from ..capture.reader import Capture
 from ..capture.rows import layer_rows
 
-__all__ = ["Split", "batch_counts", "serving_steps", "split"]
+__all__ = ["Split", "batch_counts", "serving_steps", "split", "window_breaks"]
 
 
 @dataclass(frozen=True)
@@ -106,11 +112,18 @@ class FitMasks(Sequence[np.ndarray]):
 
 
 def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
-                 seq: Optional[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+                 seq: Optional[tuple[np.ndarray, np.ndarray]], breaks: Sequence[int] = ()) -> np.ndarray:
     """(batches, E) counts of the serving batches of a window's (P, K) ``ids``.
 
-    ``seq``: the window's per-pass (sequence ids, phases), or None (consecutive passes).
+    ``seq``: the window's per-pass (sequence ids, phases), or None (consecutive passes); ``breaks``:
+    positions in the window where rows resume after a gap (``window_breaks``): each side's batches are
+    its own (a shorter tail of each side is left out).
     """
+    pieces = _bounds(ids.shape[0], breaks)
+    if len(pieces) > 1:
+        parts = [batch_counts(ids[a:b], num_experts, batch, None if seq is None else (seq[0][a:b], seq[1][a:b]))
+                 for a, b in pieces]
+        return np.concatenate(parts) if parts else np.zeros((0, num_experts), dtype=np.int64)
     passes = ids.shape[0]
     if seq is None:
         whole = passes // batch
@@ -125,13 +138,40 @@ def batch_counts(ids: np.ndarray, num_experts: int, batch: int,
     return np.bincount(flat, minlength=whole * num_experts).reshape(whole, num_experts)
 
 
-def serving_steps(passes: int, batch: int, seq: Optional[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+def serving_steps(passes: int, batch: int, seq: Optional[tuple[np.ndarray, np.ndarray]],
+                  breaks: Sequence[int] = ()) -> np.ndarray:
     """(P,) the serving step of each of a window's passes, the batches of ``batch_counts``; without
     sequence information B consecutive passes a step, the shorter tail a step of its own (an
-    engine serves it too)."""
+    engine serves it too). ``breaks`` as ``batch_counts`` takes them: the steps after a gap follow
+    those before it, none holding passes of both sides."""
+    pieces = _bounds(passes, breaks)
+    if len(pieces) > 1:
+        out, after = [], 0
+        for a, b in pieces:
+            steps = serving_steps(b - a, batch, None if seq is None else (seq[0][a:b], seq[1][a:b])) + after
+            after = int(steps.max(initial=after - 1)) + 1
+            out.append(steps)
+        return np.concatenate(out)
     if seq is None:
         return np.arange(passes, dtype=np.int64) // batch
     return _continuous_batches(*seq, batch)
+
+
+def window_breaks(breaks: Sequence[int], which: Union[slice, np.ndarray]) -> list[int]:
+    """A layer's ``breaks`` (positions in its rows) as positions in the window ``which`` of them
+    (``slice(None)``, or a boolean mask over the rows): where the window's rows resume after a gap."""
+    if not len(breaks) or isinstance(which, slice):
+        assert not isinstance(which, slice) or which == slice(None)
+        return list(breaks)
+    total = int(np.count_nonzero(which))
+    moved = sorted({int(np.count_nonzero(which[:b])) for b in breaks})
+    return [b for b in moved if 0 < b < total]
+
+
+def _bounds(passes: int, breaks: Sequence[int]) -> list[tuple[int, int]]:
+    """The (start, stop) row ranges of ``passes`` rows cut at ``breaks``."""
+    cuts = [0] + sorted({b for b in breaks if 0 < b < passes}) + [passes]
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def window_sequences(seqs: Optional[Sequences], layer: int,
