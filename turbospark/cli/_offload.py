@@ -61,7 +61,8 @@ def add_command(commands: Any, positive: Callable[[str], int]) -> None:
                      help="--kt-file: decoder index of the capture's MoE layer 0 (DeepSeek-V3: 3, its "
                      "first_k_dense_replace); the file's first D rows are dense, zero (default 0)")
     cmd.add_argument("--num-hidden-layers", type=positive, metavar="H",
-                     help="--kt-file: the model's num_hidden_layers (default D + the capture's layers)")
+                     help="--kt-file: the model's num_hidden_layers (default D + the capture's layers); sglang-kt "
+                     "takes every layer from D on as MoE, so layers past the capture's get no GPU expert")
     cmd.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
     cmd.add_argument("-o", "--output", metavar="FILE", help="write the output to FILE instead of stdout")
     add_verify(cmd)

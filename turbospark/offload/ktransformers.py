@@ -18,7 +18,10 @@ of shape ``[1, num_hidden_layers, E]``, zeros in the dense rows, with ratio
 the mask, whatever ``topk``'s order, and ``int`` of the product is N.
 turbospark's capture layers are the model's MoE layers; ``first_moe_layer``
 (DeepSeek-V3's ``first_k_dense_replace``: 3) places them in the file, MoE
-layers consecutive from there (sglang-kt's ``moe_layer_freq`` = 1).
+layers consecutive from there (sglang-kt's ``moe_layer_freq`` = 1). The
+engine takes every layer from there to ``num_hidden_layers`` as MoE: rows
+past the capture's layers count in its total (the ratio's denominator) and,
+with zero counts, get no GPU expert.
 Writing the file needs torch (``pip install 'turbospark[torch]'``).
 """
 
@@ -74,7 +77,8 @@ def kt_counts(mask: np.ndarray, first_moe_layer: int = 0, num_hidden_layers: Opt
 
 def kt_flags(path: str, budget: int, moe_layers: int, num_experts: int) -> list[str]:
     """The sglang-kt flags that make it load ``path`` and keep exactly ``budget`` GPU experts: the
-    ratio form, and (when ``budget`` is a whole number per MoE layer) the per-layer form."""
+    ratio form, and (when ``budget`` is a whole number per MoE layer) the per-layer form.
+    ``moe_layers``: the layers the engine counts as MoE (num_hidden_layers - first_k_dense_replace)."""
     flags = [f"--kt-expert-placement-strategy frequency --init-expert-location {path} "
              f"--kt-gpu-experts-ratio {kt_ratio(budget, moe_layers, num_experts)!r}"]
     if budget % moe_layers == 0:
@@ -101,7 +105,9 @@ def write_kt_file(path: str, mask: np.ndarray, *, first_moe_layer: int = 0,
     except ImportError:
         raise RuntimeError(NO_TORCH) from None
     budget = int(np.asarray(mask, dtype=bool).sum())
-    flags = kt_flags(str(path), budget, np.asarray(mask).shape[0], np.asarray(mask).shape[1])
+    # The engine counts every layer from first_k_dense_replace on as MoE (moe_layer_freq 1): rows past
+    # the capture's layers are MoE layers to it, in its total, with zero counts (no GPU experts).
+    flags = kt_flags(str(path), budget, counts.shape[1] - first_moe_layer, counts.shape[2])
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         torch.save({"logical_count": torch.from_numpy(counts)}, tmp)
