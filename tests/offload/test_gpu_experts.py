@@ -184,7 +184,7 @@ def test_offload_table(tmp_path: Path) -> None:
                          "--batch", "2", "--fit", "0.5")
     assert code == 0 and err == ""
     assert out == (
-        "GPU experts: 2 of 2 layers x 4 (25.0%), top_k 2, steps of 2 rows; chosen from the first 1/2 of "
+        "GPU experts: 2 of 2 layers x 4 (25.0%), top_k 2, serving steps of 2 passes; chosen from the first 1/2 of "
         "each layer's passes, judged on the rest\n"
         "  strategy      per layer  CPU/token fit  CPU/token test  union/step fit  union/step test  GPU share  CPU-free steps\n"
         "  (all on CPU)          0           4.00            4.00            5.00             6.00          -               -\n"

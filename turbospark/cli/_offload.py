@@ -158,7 +158,8 @@ def gpu_lines(doc: dict[str, Any]) -> list[str]:
     share = doc["gpu_experts"] / total
     size = f" ({doc['gpu_bytes']} bytes)" if doc["gpu_bytes"] is not None else ""
     lines = [f"GPU experts: {doc['gpu_experts']} of {doc['num_layers']} layers x {doc['num_experts']} "
-             f"({100 * share:.1f}%){size}, top_k {doc['top_k']}, steps of {doc['batch']} rows; "
+             f"({100 * share:.1f}%){size}, top_k {doc['top_k']}, serving steps of {doc['batch']} "
+             f"pass{'es' if doc['batch'] != 1 else ''}; "
              + _window_words(doc)]
     sample = "test" if doc["fit"] is not None else "fit"
     head = ["strategy", "per layer", "CPU/token fit", "CPU/token test", "union/step fit", "union/step test",
