@@ -206,9 +206,15 @@ def test_offload_json_shape(tmp_path: Path) -> None:
     assert doc["results"]["batch-aware"]["per_layer"] == [2, 1]
     assert doc["results"]["batch-aware"]["test"] is None
     # GPU {0, 1} and {2}: layer 0's passes need 0, 1, 0, 1 CPU experts, layer 1's one each.
-    assert doc["results"]["batch-aware"]["fit"] == {"cpu_experts_per_token": 2 / 4 + 1.0,
-                                                    "cpu_union_per_step": 2 / 4 + 1.0, "gpu_share": 10 / 16,
-                                                    "cpu_free_steps": 2 / 8}
+    assert doc["results"]["batch-aware"]["fit"] == {
+        "cpu_experts_per_token": 2 / 4 + 1.0, "cpu_union_per_step": 2 / 4 + 1.0, "gpu_share": 10 / 16,
+        "cpu_free_steps": 2 / 8,
+        "layers": [{"layer": 0, "gpu_experts": 2, "passes": 4, "steps": 4, "cpu_experts_per_token": 0.5,
+                    "cpu_union_per_step": 0.5},
+                   {"layer": 1, "gpu_experts": 1, "passes": 4, "steps": 4, "cpu_experts_per_token": 1.0,
+                    "cpu_union_per_step": 1.0}]}
+    assert doc["all_cpu"]["fit"] == {"cpu_experts_per_token": 4.0, "cpu_union_per_step": 4.0, "gpu_share": 0.0,
+                                     "cpu_free_steps": 0.0}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -224,3 +230,23 @@ def test_offload_usage_errors(tmp_path: Path, argv: list[str], message: str) -> 
     code, out, err = run("offload", capture(tmp_path), *argv)
     assert code == 2 and out == "" and message in err
 
+
+
+def test_sequence_tags_form_continuous_batches_and_split_by_sequence(tmp_path: Path) -> None:
+    # Two sequences per layer: seq 7 a prompt of 2 passes then 1 decode, seq 9 a prompt of 1 then 1.
+    seq = [[7, 7, 9, 7, 9]] * 2
+    phase = [[0, 0, 0, 1, 1]] * 2
+    rows = [[[0, 1], [0, 2], [1, 3], [0, 1], [2, 3]], [[2, 3], [2, 3], [1, 2], [0, 2], [0, 1]]]
+    cap = turbospark.load(write_capture(tmp_path / "s.json", traced(4, 2, rows, seq=seq, phase=phase)))
+    fit, test, kinds = windows(cap, 0.5, batch=2)
+    assert kinds == ["sequences", "sequences"]
+    assert [a.tolist() for a in fit.ids] == [[[0, 1], [0, 2], [0, 1]], [[2, 3], [2, 3], [0, 2]]]
+    # One sequence in the fit window: its prompt is one step, its decode the next.
+    assert [s.tolist() for s in fit.steps] == [[0, 0, 1], [0, 0, 1]]
+    whole = windows(cap, None, batch=2)[0]
+    # Both sequences at once with 2 rows: step 0 holds 7's prompt and 9's prompt, step 1 both decodes.
+    assert [s.tolist() for s in whole.steps] == [[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]]
+    got = score(mask_of([[0], [2]]), whole)
+    # layer 0: steps {0,1,2,3} -> CPU {1,2,3}, {0,1,2,3} -> {1,2,3}; layer 1: {1,2,3} -> {1,3}, {0,1,2} -> {0,1}
+    assert got["cpu_union_per_step"] == 3 + 2
+    assert gpu_experts_report(cap, 2, ["uniform"], batch=2)["batches"] == "concurrent sequences"

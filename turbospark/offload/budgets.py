@@ -200,7 +200,12 @@ def budget_report(capture: Capture, total: int, policy: str = "lru", *,
             raise ValueError(f"--fit must be strictly between 0 and 1, got {fit}")
     e, low = capture.num_experts, max(capture.top_k, 1)
     _check_total(total, capture.num_layers, low, e)
-    fit_curves, test_curves, fit_need, test_need, fit_passes, test_passes = [], [], [], [], [], []
+    fit_curves: list[np.ndarray] = []
+    test_curves: list[np.ndarray] = []
+    fit_need: list[int] = []
+    test_need: list[int] = []
+    fit_passes: list[int] = []
+    test_passes: list[int] = []
     for layer in range(capture.num_layers):
         ids = np.ascontiguousarray(capture.trace[layer], dtype=np.int64)
         streams = _streams(capture, layer, shared, batch)
@@ -220,7 +225,7 @@ def budget_report(capture: Capture, total: int, policy: str = "lru", *,
     test_matrix = np.stack(test_curves) if exact is not None else None
 
     def judge(split: list[int]) -> dict[str, Any]:
-        out = {"slots": split, "fit": _figures(fit_matrix, fit_need, fit_passes, split)}
+        out: dict[str, Any] = {"slots": split, "fit": _figures(fit_matrix, fit_need, fit_passes, split)}
         out["test"] = _figures(test_matrix, test_need, test_passes, split) if test_matrix is not None else None
         return out
 

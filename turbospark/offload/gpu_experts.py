@@ -65,8 +65,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from ..analysis.capture import Capture
-from ..analysis.capture_sequences import exact_fraction, fit_mask
-from ..placement.samples import batch_counts
+from ..analysis.capture_sequences import exact_fraction, fit_mask, serving_iterations
 
 __all__ = [
     "KT_STRATEGIES",
@@ -207,8 +206,6 @@ def _window(ids: np.ndarray, seq: Optional[tuple[np.ndarray, np.ndarray]], batch
         whole = passes // batch
         steps = np.where(np.arange(passes) < whole * batch, np.arange(passes) // batch, -1)
     else:
-        from ..analysis.capture_sequences import serving_iterations
-
         steps = serving_iterations(seq[0], seq[1], batch) if passes else np.zeros(0, dtype=np.int64)
     return ids, steps.astype(np.int64)
 
@@ -229,10 +226,16 @@ def windows(capture: Capture, fit: Optional[Union[float, Fraction, str]], batch:
         exact = exact_fraction(fit)
         if not 0 < exact < 1:
             raise ValueError(f"--fit must be strictly between 0 and 1, got {fit}")
-    fit_ids, fit_steps, test_ids, test_steps, kinds = [], [], [], [], []
+    fit_ids: list[np.ndarray] = []
+    fit_steps: list[np.ndarray] = []
+    test_ids: list[np.ndarray] = []
+    test_steps: list[np.ndarray] = []
+    kinds: list[str] = []
     for layer in range(capture.num_layers):
         ids = np.ascontiguousarray(capture.trace[layer], dtype=np.int64)
-        seq = None if capture.seq is None else (np.asarray(capture.seq[layer]), np.asarray(capture.phase[layer]))
+        seq = None
+        if capture.seq is not None and capture.phase is not None:
+            seq = (np.asarray(capture.seq[layer]), np.asarray(capture.phase[layer]))
         keep = np.ones(ids.shape[0], dtype=bool)
         if exact is not None:
             keep, kind = fit_mask(capture, layer, exact)
@@ -408,8 +411,8 @@ def gpu_experts_report(capture: Capture, budget: int, strategies: Sequence[str] 
         results[name] = {
             "per_layer": mask.sum(axis=1).astype(int).tolist(),
             "experts": [np.flatnonzero(row).tolist() for row in mask],
-            "fit": _model_only(score(mask, fit_window)),
-            "test": _model_only(score(mask, test_window)) if test_window is not None else None,
+            "fit": score(mask, fit_window),
+            "test": score(mask, test_window) if test_window is not None else None,
         }
     none = np.zeros((capture.num_layers, e), dtype=bool)
     return {
@@ -434,4 +437,5 @@ def gpu_experts_report(capture: Capture, budget: int, strategies: Sequence[str] 
 
 
 def _model_only(figures: dict[str, Any]) -> dict[str, Any]:
+    """The model-wide figures (the all-CPU baseline's per-layer rows say nothing new)."""
     return {key: value for key, value in figures.items() if key != "layers"}
