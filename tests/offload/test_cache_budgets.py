@@ -17,7 +17,7 @@ import pytest
 from placement_helpers import traced, write_capture
 
 import turbospark
-from turbospark.analysis.cache import simulate_cache
+from turbospark.offload.cache import simulate_cache
 from turbospark.cli import main
 from turbospark.offload.budgets import allocate, budget_report, concave, even_split, hit_curve, lru_hits
 

@@ -1,6 +1,6 @@
 """Per-layer slot budgets for a dynamic expert cache: split S slots over the layers for the most hits.
 
-The cache is ``turbospark cache``'s (``turbospark.analysis.cache``, docs/cache.md):
+The cache is ``turbospark cache``'s (``turbospark.offload.cache``, docs/cache.md):
 one cache per layer, a pass needs its distinct experts resident at once, so
 a layer gets at least top_k slots (and at most E, where every miss is cold).
 Given a total S, ``allocate`` picks the per-layer sizes C_l (sum S) that
@@ -33,9 +33,9 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ..analysis.cache import _streams, simulate_cache
-from ..analysis.capture import Capture
-from ..analysis.capture_sequences import exact_fraction, fit_mask
+from .cache import _streams, simulate_cache
+from ..capture.reader import Capture
+from ..capture.sequences import exact_fraction, fit_mask
 
 __all__ = ["BUDGET_POLICIES", "allocate", "budget_report", "even_split", "hit_curve", "lru_hits"]
 

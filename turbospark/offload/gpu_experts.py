@@ -64,8 +64,8 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from ..analysis.capture import Capture
-from ..analysis.capture_sequences import exact_fraction, fit_mask, serving_iterations
+from ..capture.reader import Capture
+from ..capture.sequences import exact_fraction, fit_mask, serving_iterations
 
 __all__ = [
     "KT_STRATEGIES",
