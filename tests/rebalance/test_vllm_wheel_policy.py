@@ -73,3 +73,30 @@ def test_without_a_current_map(policy: Any) -> None:
     assert ours.tolist() == theirs.tolist()
     # The hottest expert gets most replicas: 90 -> 3 slots, the two 40s two each.
     assert sorted(np.bincount(ours[0], minlength=8).tolist()) == [1, 1, 1, 1, 1, 2, 2, 3]
+
+
+@pytest.mark.parametrize(("seed", "redundant", "window", "interval", "batch", "groups"),
+                         [(0, 4, 3, 8, 5, 1), (1, 0, 2, 5, 3, 1), (2, 4, 10, 4, 4, 2), (3, 8, 1, 7, 6, 4)])
+def test_replay_equals_vllm_state_with_the_wheel_policy(policy: Any, seed: int, redundant: int, window: int,
+                                                         interval: int, batch: int, groups: int) -> None:
+    # The wheel's policy runs on all layers at once, in a transliteration of EplbState's step and
+    # rearrange; the replay runs turbospark's, a layer at a time: the maps and every step's figure agree.
+    from turbospark.rebalance.replay import Setting, replay
+    from turbospark.rebalance.steps import form_steps
+
+    experts, gpus = 8, 4
+    capture = vllm_eplb_harness.drifting(seed, 3, experts, 2, 90)
+    slots = experts + redundant
+
+    def wheel(weight: list[list[int]], old: list[list[int]]) -> list[list[int]]:
+        return policy.rebalance_experts(torch.tensor(weight, dtype=torch.int32), slots, groups, 1, gpus,
+                                        torch.tensor(old)).tolist()
+
+    series, done = vllm_eplb_harness.simulate(wheel, [t.tolist() for t in capture.trace], experts, batch, gpus,
+                                              redundant, window, interval)
+    result = replay(capture, form_steps(capture, batch), gpus, [Setting("vllm", redundant, window, interval)],
+                    groups=groups)[0]
+    assert len(done) >= 3
+    assert result.steps == [s for s, _ in done]
+    assert [m.tolist() for m in result.maps] == [m for _, m in done]
+    assert [None if x != x else x for x in result.series.tolist()] == pytest.approx(series, rel=1e-12)

@@ -143,8 +143,9 @@ def rebalance_experts(weight: np.ndarray, slots: int, groups: int, nodes: int, g
     returns for the (L, E) window ``weight`` (taken as float32, as ``weight.float()``) and, when given,
     the (L, S) map ``old`` served now.
 
-    Raises ``ValueError`` when ``slots`` is not a multiple of ``gpus`` or below E, or ``gpus`` not a
-    multiple of ``nodes`` (vLLM asserts these)."""
+    Raises ``ValueError`` when ``slots`` is not a multiple of ``gpus`` or below E, ``gpus`` not a
+    multiple of ``nodes``, or E not a multiple of ``groups`` where the hierarchical policy runs (vLLM
+    asserts these)."""
     weight = np.asarray(weight).astype(np.float32)
     layers, experts = weight.shape
     if slots < experts or slots % gpus:
@@ -152,7 +153,9 @@ def rebalance_experts(weight: np.ndarray, slots: int, groups: int, nodes: int, g
                          "expert and the same number per GPU")
     if gpus % nodes:
         raise ValueError(f"{gpus} GPUs do not split over {nodes} nodes")
-    if groups % nodes == 0 and experts % groups == 0:
+    if groups % nodes == 0:
+        if experts % groups:
+            raise ValueError(f"{experts} experts do not split into {groups} expert groups")
         chosen = _hierarchical(weight, slots, groups, nodes, gpus)
     else:
         chosen = _hierarchical(weight, slots, 1, 1, gpus)
