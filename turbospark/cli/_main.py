@@ -138,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="probe mode: predict the next layer (default) or, as a wiring "
                           "self-test, the layer itself")
     _add_analysis_options(demo_cmd)
+    demo_cmd.add_argument("--drift", type=int, default=0, metavar="D",
+                          help="reshuffle each layer's popular experts every D passes, so the hot experts move "
+                          "(default 0: never; for turbospark rebalance, see docs/rebalance.md)")
     demo_cmd.set_defaults(run=_run_demo)
 
     from . import _cache, _place, _tools
@@ -341,6 +344,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.top_k > args.experts:
         print(f"turbospark: --top-k {args.top_k} exceeds --experts {args.experts}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.drift < 0:
+        print(f"turbospark: --drift must be 0 or more passes, got {args.drift}", file=sys.stderr)
+        return EXIT_UNUSABLE
     progress = progress_on(sys.stderr, args.passes, "demo: simulating and recording passes")
     try:
         capture = run_demo(
@@ -352,6 +358,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             pilot=args.pilot,
             progress=progress,
+            drift=args.drift,
         )
     except CaptureNotWritten:
         return EXIT_UNUSABLE  # the recorder has said why, once
