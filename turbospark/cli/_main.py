@@ -143,11 +143,12 @@ def _parser() -> argparse.ArgumentParser:
                           "(default 0: never; for turbospark rebalance, see docs/rebalance.md)")
     demo_cmd.set_defaults(run=_run_demo)
 
-    from . import _cache, _place, _tools
+    from . import _cache, _place, _rebalance, _tools
 
     _place.add_commands(commands, _positive)
     _tools.add_commands(commands)
     _cache.add_command(commands, _positive)
+    _rebalance.add_command(commands, _positive)
     _add_record_command(commands)
     return parser
 
