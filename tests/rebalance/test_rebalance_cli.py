@@ -70,8 +70,8 @@ def test_pareto_and_recommendation() -> None:
     assert recommend(points, settings) == 4
     assert recommend(points, settings, budget=12.0) == 0
     assert recommend(points, settings, budget=1.0) is None
-    assert engine_flags(Setting("turbospark", 8, 100, 300, 4), 8) == (
-        "every 300 steps, on the last 100 steps' counts: turbospark place WINDOW --gpus 8 --slots SLOTS "
+    assert engine_flags(Setting("turbospark", 8, 100, 300, 4), 8, 64) == (
+        "every 300 steps, on the last 100 steps' counts: turbospark place WINDOW --gpus 8 --slots 72 "
         "--from SERVED --max-moves 4 (not an engine flag: a patched rebalancer)")
 
 

@@ -58,7 +58,7 @@ def build(capture: Any, path: str, steps: Steps, gpus: int, settings: Sequence[S
             "steps": {"how": steps.how, "count": steps.count},
             "trivial": _summary(trivial.series, trivial.mean),
             "settings": rows, "pareto": front, "recommended": chosen,
-            "recommended_flags": None if chosen is None else engine_flags(settings[chosen], gpus),
+            "recommended_flags": None if chosen is None else engine_flags(settings[chosen], gpus, capture.num_experts),
             "drift": drift}
 
 

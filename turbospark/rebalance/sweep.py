@@ -48,7 +48,7 @@ def recommend(points: Sequence[tuple[float, float]], settings: Sequence[Setting]
     return min(front, key=lambda i: (points[i][1], settings[i].redundant, points[i][0], i))
 
 
-def engine_flags(setting: Setting, gpus: int) -> str:
+def engine_flags(setting: Setting, gpus: int, num_experts: int) -> str:
     """What to give the engine for ``setting``: vLLM's flags with the exact ``--eplb-config`` JSON, or
     for the turbospark engine the ``place`` command to run at each interval."""
     if setting.engine == "vllm":
@@ -59,4 +59,4 @@ def engine_flags(setting: Setting, gpus: int) -> str:
                 f"(expert-parallel size {gpus}: tensor x data parallel = {gpus})")
     moves = "" if setting.max_moves is None else f" --max-moves {setting.max_moves}"
     return (f"every {setting.interval} steps, on the last {setting.window} steps' counts: turbospark place "
-            f"WINDOW --gpus {gpus} --slots SLOTS --from SERVED{moves} (not an engine flag: a patched rebalancer)")
+            f"WINDOW --gpus {gpus} --slots {num_experts + setting.redundant} --from SERVED{moves} (not an engine flag: a patched rebalancer)")
