@@ -197,8 +197,10 @@ def _replay_layer(ids: np.ndarray, step: np.ndarray, index: np.ndarray, total: i
             flat = ids[lo:hi].ravel()
             replica = hash_replica(np.repeat(index[lo:hi], width), replicas[0][flat])
             slot = table[0][flat, replica]
-            physical += np.bincount(np.repeat(step[lo:hi], width) * slots + slot,
-                                    minlength=total * slots).reshape(total, slots)
+            # Only the segment's steps: a bincount over all T steps per segment would be O(T x segments).
+            first, last = bounds[k], bounds[k + 1]
+            physical[first:last] += np.bincount((np.repeat(step[lo:hi], width) - first) * slots + slot,
+                                                minlength=(last - first) * slots).reshape(last - first, slots)
         if k == len(bounds) - 2:
             break
         # Rearrangement k: the window's slot counts, attributed through the map served now.
