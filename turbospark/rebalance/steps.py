@@ -1,7 +1,8 @@
 """Which engine step each traced pass belongs to, and its token index inside that step.
 
-A capture made inside an engine may record its steps (``Capture.steps``: per
-layer, the (P,) engine step of each pass; ``turbospark.recording._steps``).
+A capture made inside an engine may record its steps (``Capture.step_passes``:
+the passes each layer routed in each engine step, from ``RouterHistogram.mark_step``;
+``turbospark.recording._steps``); passes after the last mark are one open step.
 Without them, steps are formed as ``turbospark place --batch B`` forms them
 (``turbospark.placement.samples.serving_steps``): B consecutive passes a step
 (the shorter tail a step of its own), or, with sequence tags (``seq`` and
@@ -23,6 +24,7 @@ import numpy as np
 from ..analysis.capture_sequences import Sequences
 from ..analysis.trace_sums import layer_rows
 from ..placement.samples import serving_steps
+from ..recording._steps import steps_of
 
 __all__ = ["Steps", "form_steps", "recorded_steps"]
 
@@ -30,8 +32,8 @@ RECORDED = "engine steps recorded in the capture"
 
 
 def recorded_steps(capture: Any) -> Optional[Any]:
-    """The capture's recorded per-layer engine steps, or None."""
-    return getattr(capture, "steps", None)
+    """The capture's recorded engine steps (``Capture.step_passes``, (L, T) passes per step), or None."""
+    return getattr(capture, "step_passes", None)
 
 
 class Steps:
@@ -59,7 +61,7 @@ class Steps:
     def layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(step, token index within the step) of each of ``layer``'s passes, each (P,) int64."""
         if self._recorded is not None:
-            step = np.asarray(self._recorded[layer], dtype=np.int64)
+            step = steps_of(self._recorded, layer, layer_rows(self._capture.trace, layer))
         else:
             passes = layer_rows(self._capture.trace, layer)
             seq = None if self._seqs is None else (self._seqs[0][layer], self._seqs[1][layer])

@@ -27,6 +27,7 @@ from ._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, RecorderCore
 from ._destination import check_destination
 from ._types import Taken
+from ._steps import StepMarks, step_passes_key
 from ._f32display import logits_member
 from ._warn import warn_caller
 
@@ -332,6 +333,18 @@ class _Facade(_CoreBase):
         stream.notify()
         return taken
 
+    _step_marks: Optional[StepMarks] = None  # set by the first mark_step (recording/_steps.py)
+
+    def mark_step(self) -> int:
+        """Close the current engine step: each layer's passes since the previous mark form one step,
+        written as the capture's ``step_passes`` (docs/format.md). Returns the steps marked so far.
+        Not a hot path: one read of the per-layer pass counts (staged device rows drained first)."""
+        self._drain()
+        with self._write_lock:  # two threads' first marks make one StepMarks
+            if self._step_marks is None:
+                self._step_marks = StepMarks(self.num_layers)
+        return self._step_marks.mark(self._passes_array())
+
     @property
     def checkpoint(self) -> Optional[float]:
         """Seconds between checkpoints (the capture rewritten atomically while recording), or None."""
@@ -403,7 +416,7 @@ class _Facade(_CoreBase):
         self._drain()
         if self._stream is not None:
             return self._streamed_document()[0]
-        return self._json_document(_logits_tail(self._logits_capture())) + b"}"
+        return self._json_document(_logits_tail(self._logits_capture())) + step_passes_key(self._step_marks) + b"}"
 
     def _streamed_document(self) -> tuple[bytes, int]:
         """A streamed capture's JSON, every row so far written to the sidecar and made durable first; and its serial.
@@ -433,7 +446,8 @@ class _Facade(_CoreBase):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
             stream += f',"lost_rows":{_ranges(written.lost_rows)},"lost_prediction_rows":{_ranges(written.lost_prediction_rows)}'
         self._serial_here.value = serial
-        return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + b"}", serial
+        marks = step_passes_key(self._step_marks)
+        return head + stream.encode("ascii") + b"}" + _logits_tail(logits) + marks + b"}", serial
 
     def _write_streamed(self, *, checkpoint: bool = False) -> None:
         """Write a streamed capture: built (taken, flushed) outside the write lock, replaced under it.
