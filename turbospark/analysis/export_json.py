@@ -45,11 +45,11 @@ def write_json(capture: Capture, out: IO[bytes]) -> None:
         _rows(out, capture.seq)
         out.write(b',"phase":')
         _rows(out, capture.phase)
-    if capture.pilot_distance is not None:
-        out.write(f',"pilot_distance":[{",".join(map(str, capture.pilot_distance))}]'.encode("ascii"))
     if capture.step_passes is not None:
         rows = ",".join("[" + ",".join(map(str, row)) + "]" for row in capture.step_passes.tolist())
         out.write(f',"step_passes":[{rows}]'.encode("ascii"))
+    if capture.pilot_distance is not None:
+        out.write(f',"pilot_distance":[{",".join(map(str, capture.pilot_distance))}]'.encode("ascii"))
     if capture.requests is not None:
         out.write(requests_key(capture.requests).encode("ascii"))
     out.write(b"}")
