@@ -78,3 +78,19 @@ def test_bad_step_passes_are_refused(value: Any, message: str) -> None:
     doc = {"num_layers": 2, "num_experts": 2, "top_k": 1, "counts": [[1, 0], [0, 1]], "step_passes": value}
     with pytest.raises(ValueError, match=message):
         turbospark.loads(json.dumps(doc))
+
+
+def test_parquet_export_has_the_step_column(make: Any, tmp_path: Path) -> None:
+    from conftest import require_module
+
+    pq = require_module("pyarrow.parquet")
+    from turbospark.analysis.parquet import export_parquet
+
+    recorder = make(2, 4, 2, trace=True)
+    _record(recorder)
+    recorder.close()
+    export_parquet([(str(tmp_path / "capture.json"), turbospark.load(tmp_path / "capture.json"))],
+                   str(tmp_path / "out"))
+    layer1 = pq.read_table(tmp_path / "out" / "rank=0" / "layer=1" / "part-0.parquet")
+    assert layer1.column_names == ["pass", "seq", "phase", "ids", "pred", "step"]
+    assert layer1.column("step").to_pylist() == [0, 0, 3]
