@@ -134,3 +134,21 @@ def test_analyze_per_step_and_place_lines(tmp_path: Path, capfd: pytest.CaptureF
     out = capfd.readouterr().out.splitlines()
     assert ("    trivial: mean 0.667, p50 1.000, p99 1.000, max 1.000, token-weighted 0.667; aggregate (loads "
             "summed over the steps) 0.000") in out
+
+
+def test_plot_rebalance(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from conftest import require_module
+
+    require_module("matplotlib")
+    path, _ = _capture_file(tmp_path)
+    out = tmp_path / "r.json"
+    assert main(["rebalance", path, "--gpus", "4", "--batch", "3", "--num-redundant-experts", "0,4",
+                 "--step-interval", "6", "--window-size", "2", "--sweep", "-o", str(out)]) == 0
+    capfd.readouterr()
+    assert main(["plot", "--rebalance", str(out)]) == 0
+    assert capfd.readouterr().out == f"wrote {tmp_path / 'r.png'}\n"
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["plot", "--rebalance", str(tmp_path / "bad.json")]) == 2
+    assert capfd.readouterr().err == (f"turbospark: cannot read {tmp_path / 'bad.json'}: not turbospark rebalance's "
+                                      "JSON (write it with `turbospark rebalance ... -o FILE`)\n")

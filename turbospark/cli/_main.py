@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
         "ceiling (turbospark cache's --json output)",
     )
     plot_cmd.add_argument(
+        "--rebalance", metavar="FILE",
+        help="instead of a capture, draw per-step imbalance over time and the sweep's Pareto front "
+        "(turbospark rebalance's -o FILE)",
+    )
+    plot_cmd.add_argument(
         "--max-window", type=_positive, default=16, metavar="M",
         help="largest window M on the window-distinct curve (default 16)",
     )
@@ -294,10 +299,16 @@ def _recall(value: float | None) -> str:
 def _run_plot(args: argparse.Namespace) -> int:
     from ..analysis.plot import MissingMatplotlib, plot_capture
 
-    if sum(x is not None for x in (args.capture, args.placement, args.cache)) != 1:
-        print("turbospark: plot takes a CAPTURE, --placement FILE or --cache FILE (one of the three)",
+    if sum(x is not None for x in (args.capture, args.placement, args.cache, args.rebalance)) != 1:
+        print("turbospark: plot takes a CAPTURE, --placement FILE, --cache FILE or --rebalance FILE (one of them)",
               file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.rebalance is not None:
+        from ._io import draw_document
+        from ..rebalance.plot import plot_rebalance, read_rebalance
+
+        return draw_document(args.rebalance, args.output or _png_beside(args.rebalance), read_rebalance,
+                             plot_rebalance)
     if args.cache is not None:
         from ._cache import draw_cache
 
