@@ -54,6 +54,7 @@ class Steps:
     def _count(self) -> int:
         layers = self._capture.num_layers
         if self._recorded is None and self._seqs is None:
+            assert self._batch is not None  # form_steps checks: no recorded steps needs a batch
             most = max((layer_rows(self._capture.trace, layer) for layer in range(layers)), default=0)
             return -(-most // self._batch)
         return max((int(self.layer(layer)[0].max(initial=-1)) + 1 for layer in range(layers)), default=0)
@@ -65,6 +66,7 @@ class Steps:
         else:
             passes = layer_rows(self._capture.trace, layer)
             seq = None if self._seqs is None else (self._seqs[0][layer], self._seqs[1][layer])
+            assert self._batch is not None
             step = serving_steps(passes, self._batch, seq)
         return step, token_index(step)
 
