@@ -63,7 +63,8 @@ def test_bad_uses_exit_2(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> N
     path = placement_file(tmp_path)
     capfd.readouterr()
     assert main(["plot", str(path), "--placement", str(path)]) == 2
-    assert capfd.readouterr().err == "turbospark: plot takes a CAPTURE, --placement FILE or --cache FILE (one of the three)\n"
+    assert capfd.readouterr().err == ("turbospark: plot takes a CAPTURE, --placement FILE, --cache FILE or --rebalance FILE "
+                                      "(one of them)\n")
     assert main(["plot"]) == 2
     capfd.readouterr()
     sglang = tmp_path / "s.json"

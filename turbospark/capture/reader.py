@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ._f32display import logits_member
+from ._steps import read_step_passes
 
 __all__ = ["Capture", "Request", "RouterLogits", "load", "loads", "requests_key"]
 
@@ -154,6 +155,9 @@ class Capture:
     up to 256 experts, uint16 up to 65,536) and phase as uint8.
     ``requests``: None, or one ``Request`` per sequence id (index = seq id),
     in a capture written by the vLLM plugin (``turbospark.vllm``).
+    ``step_passes``: None, or (num_layers, T) int64, the passes each layer routed
+    in each of T engine steps marked by ``RouterHistogram.mark_step``
+    (``turbospark.capture._steps``).
     """
 
     num_layers: int
@@ -170,6 +174,7 @@ class Capture:
     trace_dropped: np.ndarray | None = None
     stream: Any = None
     requests: tuple[Request, ...] | None = None
+    step_passes: np.ndarray | None = None
 
     @property
     def header(self) -> dict[str, int]:
@@ -393,8 +398,9 @@ def _build(fields: dict[str, Any]) -> Capture:
     distance = _pilot_distance(fields.get("pilot_distance"), num_layers)
     cap, dropped = _trace_cap(fields, trace, pred, num_layers)
     requests = _requests(fields.get("requests"), seq)
+    step_passes = read_step_passes(fields.get("step_passes"), num_layers)
     return Capture(num_layers, num_experts, top_k, counts, trace, pred, logits, seq, phase, distance, cap, dropped,
-                   requests=requests)
+                   requests=requests, step_passes=step_passes)
 
 
 _REQUEST_FIELDS = ("seq", "request", "attempt", "start", "prompt")

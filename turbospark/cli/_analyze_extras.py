@@ -38,6 +38,11 @@ def add_options(parser: argparse.ArgumentParser, positive: Any, fraction: Any) -
                         help="dispatch model of a --placement file's headline figures: even (default), static "
                         "(SGLang's; one capture: tokens assumed spread evenly over the G source ranks) or "
                         "round-robin (TensorRT-LLM's); --json gives all three either way")
+    parser.add_argument("--per-step", action="store_true",
+                        help="with --placement: also per-step imbalance (mean, p50, p99, max, token-weighted; "
+                        "steps as the capture records them, else --batch B; see docs/rebalance.md)")
+    parser.add_argument("--batch", type=positive, metavar="B",
+                        help="with --per-step: steps of B passes when the capture records none")
     parser.add_argument("--holdout", type=fraction, metavar="F",
                         help="choose coverage sets on the first fraction F of each layer's passes "
                         "and report how they cover the rest (needs the trace); with sequence tags (seq), "
@@ -52,11 +57,23 @@ def extras(capture: Capture, args: argparse.Namespace) -> Optional[Extras]:
         raise ValueError("--dispatch only applies to a --placement file")
     if args.first_moe_layer < 0:
         raise ValueError(f"--first-moe-layer must be 0 or more, got {args.first_moe_layer}")
+    if (args.per_step or args.batch is not None) and args.placement is None:
+        raise ValueError("--per-step and --batch apply to a --placement file")
+    if args.batch is not None and not args.per_step:
+        raise ValueError("--batch applies with --per-step")
     if args.placement is None and args.holdout is None:
         return None
     out = Extras()
     if args.placement is not None:
         _placement(capture, args.placement, args.gpus, args.dispatch or "even", args.first_moe_layer, out)
+        if args.per_step:
+            from ..rebalance.report import per_step_doc, per_step_lines
+
+            phy2log, gpus = read_placement_file(args.placement, capture, args.gpus, args.first_moe_layer)
+            doc = per_step_doc(capture, {"file": phy2log}, gpus, args.batch, None, args.dispatch or "even",
+                               first_layer=args.first_moe_layer)
+            out.doc["placement"]["per_step"] = doc
+            out.lines += per_step_lines(doc)
     if args.holdout is not None:
         from ..metrics.holdout import holdout, holdout_lines
 

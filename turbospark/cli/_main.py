@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
         "ceiling (turbospark cache's --json output)",
     )
     plot_cmd.add_argument(
+        "--rebalance", metavar="FILE",
+        help="instead of a capture, draw per-step imbalance over time and the sweep's Pareto front "
+        "(turbospark rebalance's -o FILE)",
+    )
+    plot_cmd.add_argument(
         "--max-window", type=_positive, default=16, metavar="M",
         help="largest window M on the window-distinct curve (default 16)",
     )
@@ -138,14 +143,18 @@ def _parser() -> argparse.ArgumentParser:
                           help="probe mode: predict the next layer (default) or, as a wiring "
                           "self-test, the layer itself")
     _add_analysis_options(demo_cmd)
+    demo_cmd.add_argument("--drift", type=int, default=0, metavar="D",
+                          help="reshuffle each layer's popular experts every D passes, so the hot experts move "
+                          "(default 0: never; for turbospark rebalance, see docs/rebalance.md)")
     demo_cmd.set_defaults(run=_run_demo)
 
-    from . import _cache, _offload, _place, _tools
+    from . import _cache, _offload, _place, _rebalance, _tools
 
     _place.add_commands(commands, _positive)
     _tools.add_commands(commands)
     _cache.add_command(commands, _positive)
     _offload.add_command(commands, _positive)
+    _rebalance.add_command(commands, _positive)
     _add_record_command(commands)
     return parser
 
@@ -291,10 +300,16 @@ def _recall(value: float | None) -> str:
 def _run_plot(args: argparse.Namespace) -> int:
     from ..outputs.plot import MissingMatplotlib, plot_capture
 
-    if sum(x is not None for x in (args.capture, args.placement, args.cache)) != 1:
-        print("turbospark: plot takes a CAPTURE, --placement FILE or --cache FILE (one of the three)",
+    if sum(x is not None for x in (args.capture, args.placement, args.cache, args.rebalance)) != 1:
+        print("turbospark: plot takes a CAPTURE, --placement FILE, --cache FILE or --rebalance FILE (one of them)",
               file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.rebalance is not None:
+        from ._io import draw_document
+        from ..outputs.plot_rebalance import plot_rebalance, read_rebalance
+
+        return draw_document(args.rebalance, args.output or _png_beside(args.rebalance), read_rebalance,
+                             plot_rebalance)
     if args.cache is not None:
         from ._cache import draw_cache
 
@@ -342,6 +357,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     if args.top_k > args.experts:
         print(f"turbospark: --top-k {args.top_k} exceeds --experts {args.experts}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.drift < 0:
+        print(f"turbospark: --drift must be 0 or more passes, got {args.drift}", file=sys.stderr)
+        return EXIT_UNUSABLE
     progress = progress_on(sys.stderr, args.passes, "demo: simulating and recording passes")
     try:
         capture = run_demo(
@@ -353,6 +371,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             pilot=args.pilot,
             progress=progress,
+            drift=args.drift,
         )
     except CaptureNotWritten:
         return EXIT_UNUSABLE  # the recorder has said why, once

@@ -18,6 +18,7 @@ from ..outputs.replay import routed_experts, save_routed_experts
 from ..capture.rows import layer_breaks
 from ..placement.dispatch import DISPATCH, Routing, routing
 from ..placement.document import build, summary_lines
+from ..placement.dispatch import trivial_map
 from ..placement.formats import FORMATS, read_placement_file, render
 
 __all__ = ["add_commands", "draw_placement", "fraction"]
@@ -169,13 +170,27 @@ def _run_place(args: argparse.Namespace) -> int:
         emit(render(args.format, doc, placement.phy2log, args.first_moe_layer, args.mtp_layers), args.output)
     # The document goes to stdout without -o (or with -o -); the summary then goes to stderr.
     out = sys.stderr if args.output in (None, "-") and not held_back else sys.stdout
-    for line in summary_lines(doc) + engine_lines(args.format, doc, args.output, args.first_moe_layer, args.mtp_layers):
+    lines = summary_lines(doc) + _per_step(capture, seqs, args, placement.phy2log)
+    for line in lines + engine_lines(args.format, doc, args.output, args.first_moe_layer, args.mtp_layers):
         print(line, file=out)
     if held_back:
         print(f"placement not written ({args.format}): give -o FILE to save it, or -o - to print it here", file=out)
     elif args.output != "-" and args.output is not None:
         print(f"wrote {args.output} ({args.format})", file=out)
     return 0
+
+
+def _per_step(capture: Capture, seqs: Any, args: argparse.Namespace, phy2log: np.ndarray) -> list[str]:
+    """Summary lines of the per-step imbalance (issue 28), trivial and placed, on the whole capture, when
+    steps can be had (recorded, or --batch) from one capture; none otherwise."""
+    from ..rebalance.report import can_form, per_step_doc, per_step_lines
+
+    if not can_form(capture, args.batch) or len(args.capture) > 1:
+        return []
+    trivial = trivial_map(capture.num_layers, capture.num_experts, phy2log.shape[1])
+    doc = per_step_doc(capture, {"trivial": trivial, "placed": phy2log}, args.gpus, args.batch, seqs,
+                       args.dispatch, nodes=args.nodes, first_layer=args.first_moe_layer)
+    return per_step_lines(doc)
 
 
 def engine_lines(fmt: str, doc: dict[str, Any], output: Optional[str], first_layer: int,

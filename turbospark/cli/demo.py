@@ -13,7 +13,7 @@ import stat
 from typing import Any, Callable, Optional
 
 from ..capture.reader import Capture, loads
-from .simulate import RouterSimulator
+from .simulate import RouterSimulator, RoutingParams
 
 __all__ = ["DEFAULTS", "NEXT_STEPS", "CaptureNotWritten", "run_demo"]
 
@@ -51,12 +51,14 @@ def run_demo(
     seed: int = DEFAULTS["seed"],
     pilot: str = "next",
     progress: Optional[Callable[[int], None]] = None,
+    drift: int = 0,
 ) -> Capture:
     """Simulate ``passes`` decode passes, record them (trace on, probe in
     ``pilot`` mode: "next" or "self") into ``out``, and return the loaded capture.
 
     ``progress``, if given, is called with the number of passes done after
-    each one. The recorder announces the write on stderr. Raises
+    each one. ``drift`` D > 0 reshuffles each layer's popular experts every
+    D passes (``RoutingParams.drift``). The recorder announces the write on stderr. Raises
     ``ValueError`` for an impossible shape (top_k > experts, a size < 1), the
     recorder's ``OSError`` when ``out`` cannot be written (before simulating
     anything), and ``CaptureNotWritten`` when the final write failed (the
@@ -64,7 +66,7 @@ def run_demo(
     """
     from .. import RouterHistogram  # the recorder is the package's core; load it only when used
 
-    simulator = RouterSimulator(layers, experts, top_k, seed=seed)
+    simulator = RouterSimulator(layers, experts, top_k, seed=seed, params=RoutingParams(drift=drift))
     with RouterHistogram(out, layers, experts, top_k, trace=True, pilot=pilot) as recorder:
         offset = recorder.pilot_offset()
         for done, step in enumerate(simulator.passes(passes), 1):

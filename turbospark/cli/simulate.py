@@ -9,7 +9,10 @@ measures, so that every number in the report has something to show:
   as consecutive tokens of one text tend to route alike);
 * a one-layer-ahead predictor that is right most of the time (it ranks the
   next layer's experts on slightly perturbed logits, as a probe run on the
-  previous layer's residual would).
+  previous layer's residual would);
+* optionally, drift (``RoutingParams.drift`` = D): every D passes each
+  layer's popularity is shuffled again, so the hot experts move (a change of
+  traffic, as when a new kind of request arrives), for the rebalancing tools.
 
 Routing is a Gumbel-top-k over those logits, which yields distinct ids per
 pass ordered by score, like a real router's top-k.
@@ -32,12 +35,14 @@ class RoutingParams:
     ``noise``: scale of the Gumbel noise that makes each pass differ.
     ``predictor_noise``: extra logit noise seen by the one-layer-ahead
     predictor; 0 makes it exact.
+    ``drift``: passes between reshuffles of each layer's popularity (0: never).
     """
 
     skew: float = 1.0
     stickiness: float = 1.2
     noise: float = 1.0
     predictor_noise: float = 0.35
+    drift: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,19 @@ class RouterSimulator:
         skews = self.params.skew * self._rng.uniform(0.6, 1.4, size=num_layers)
         self._prior = np.stack([self._rng.permutation(-s * log_ranks) for s in skews])
         self._previous: np.ndarray | None = None
+        self._passes = 0
+        if self.params.drift < 0:
+            raise ValueError(f"drift must be 0 or more passes, got {self.params.drift}")
 
     def step(self) -> Pass:
         """Route one decode pass through every layer; returns a ``Pass``."""
         p = self.params
         L, E, K = self.num_layers, self.num_experts, self.top_k
+        if p.drift and self._passes and self._passes % p.drift == 0:
+            # A separate generator: the routing before the first reshuffle is the undrifted one.
+            shuffle = np.random.default_rng([self._passes, L, E])
+            self._prior = np.stack([shuffle.permutation(row) for row in self._prior])
+        self._passes += 1
         logits = self._prior + p.noise * self._rng.gumbel(size=(L, E))
         if self._previous is not None:
             np.put_along_axis(

@@ -57,6 +57,9 @@ def write_json(capture: Capture, out: IO[bytes], name: str = "the capture") -> N
         _rows(out, capture.seq)
         out.write(b',"phase":')
         _rows(out, capture.phase)
+    if capture.step_passes is not None:
+        rows = ",".join("[" + ",".join(map(str, row)) + "]" for row in capture.step_passes.tolist())
+        out.write(f',"step_passes":[{rows}]'.encode("ascii"))
     if capture.pilot_distance is not None:
         out.write(f',"pilot_distance":[{",".join(map(str, capture.pilot_distance))}]'.encode("ascii"))
     if capture.requests is not None:

@@ -11,7 +11,8 @@ columns and what each one holds are in docs/exports.md:
   (0 prompt, 1 decode): its tags, null when the capture has none; ``ids``: its top-k ids in the
   router's order, a list of the smallest unsigned type holding ``num_experts - 1`` (uint8 up to 256
   experts, uint16 up to 65,536, uint32 beyond); ``pred``: the one-layer-ahead prediction filed for
-  that pass, the same list type, null where the capture holds none for it.
+  that pass, the same list type, null where the capture holds none for it; ``step`` int64 (only
+  in a capture with recorded engine steps, ``step_passes``): the engine step of the pass.
 * Every file's key-value metadata ``turbospark`` is a JSON object naming its source, rank, layer,
   the geometry and the layer's exact ``counts`` (so a capped trace, whose dropped passes are counted
   but not traced, still says what it counted), and ``missing``: the layer's ``[first, stop)`` ranges
@@ -142,9 +143,11 @@ def _shape(c: Capture) -> str:
 
 def _schema(pa: Any, capture: Capture, metadata: dict[str, Any]) -> Any:
     ids = pa.from_numpy_dtype(id_type(capture.num_experts))
+    # A capture with recorded engine steps (step_passes) adds a last column, each pass's step.
+    step = [("step", pa.int64())] if capture.step_passes is not None else []
     return pa.schema(
         [("pass", pa.int64()), ("seq", pa.int64()), ("phase", pa.uint8()),
-         ("ids", pa.list_(ids)), ("pred", pa.list_(ids))],
+         ("ids", pa.list_(ids)), ("pred", pa.list_(ids))] + step,
         metadata={"turbospark": json.dumps(metadata, separators=(",", ":"))},
     )
 
@@ -196,7 +199,12 @@ def _group(pa: Any, schema: Any, capture: Capture, layer: int, start: int, stop:
         seq = pa.array(np.asarray(capture.seq[layer][start:stop]).astype(np.int64, copy=False))
         phase = pa.array(np.asarray(capture.phase[layer][start:stop]).astype(np.uint8))
     index = pa.array(_recorded(capture, layer, start, stop))
-    return pa.Table.from_arrays([index, seq, phase, ids, pred], schema=schema)
+    columns = [index, seq, phase, ids, pred]
+    if capture.step_passes is not None:
+        from ..capture._steps import steps_of
+
+        columns.append(pa.array(steps_of(capture.step_passes, layer, stop)[start:]))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _missing(capture: Capture, layer: int) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ from ..capture import _stream_format
 from .._atomic import describe_os_error
 from ._backend import CoreBase
 from ..capture._f32display import logits_member
+from ..capture._steps import StepMarks, step_passes_key
 from ._types import Taken
 
 
@@ -31,6 +32,7 @@ class Streaming(CoreBase):
     _stream: Optional[_stream.StreamWriter]
     # The serial of the summary this thread's last _streamed_document built (see recorder._Writes).
     _serial_here: threading.local
+    _step_marks: Optional[StepMarks] = None  # set by the first mark_step (capture/_steps.py)
 
     @property
     def streamed(self) -> bool:
@@ -90,7 +92,8 @@ class Streaming(CoreBase):
             stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
             stream += f',"lost_rows":{_ranges(written.lost_rows)},"lost_prediction_rows":{_ranges(written.lost_prediction_rows)}'
         self._serial_here.value = serial
-        return head + stream.encode("ascii") + b"}" + logits_tail(logits) + b"}", serial
+        marks = step_passes_key(self._step_marks)
+        return head + stream.encode("ascii") + b"}" + logits_tail(logits) + marks + b"}", serial
 
     def _refuse_streamed(self, what: str) -> None:
         stream = getattr(self, "_stream", None)

@@ -1,0 +1,224 @@
+"""Replaying an engine's periodic expert rearrangement over a capture's steps.
+
+``vllm_schedule(steps, step_interval, window_size)`` is vLLM 0.33's
+``EplbState`` bookkeeping (``vllm/distributed/eplb/eplb_state.py``), step by
+step, without the model:
+
+* ``add_model`` (lines 468-473) starts the rearrangement counter at
+  ``step_interval - step_interval // 4``, so the first rearrangement comes after
+  ``step_interval // 4`` steps (at least one), then every ``step_interval``;
+* ``step`` (561-695): the router's kernel adds the step's tokens to the pass
+  counts when recording is on (it starts on: ``should_record_tensor`` is
+  created as ones); the pass counts are copied into the next row of a ring of
+  ``window_size`` rows and zeroed when ``_should_record_current_step`` (697-717:
+  ``step_interval - counter <= window_size``) holds; the counter then steps,
+  and on reaching ``step_interval`` it returns to 0 and ``rearrange`` runs;
+* ``rearrange`` (758-875): the ring's physical-slot counts, summed over its
+  rows, are mapped to logical experts through the map served *now* (a row
+  recorded under an earlier map is attributed by the current one, as vLLM
+  does when ``window_size > step_interval``), and
+  ``DefaultEplbPolicy.rebalance_experts`` runs with the served map as
+  ``old_global_expert_indices``. On CUDA the result is always committed (the
+  5 % no-gain skip, 876-931, is ROCm only); it serves from the next step.
+
+vLLM's default ``use_async: true`` computes the same map in a worker and
+commits it one layer per step over the following steps; the replay commits
+all layers at once (``"use_async": false``, which the recommended
+``--eplb-config`` carries). Dummy and profile steps are not in a capture.
+
+``turbospark`` engine: the same schedule and window, each rearrangement
+being turbospark's own ``place`` on the window's loads, reached from the
+served map by at most M slot moves per layer (``place --from --max-moves M``).
+
+The rearrangement policy is per layer (vLLM's operates row by row), so
+``replay`` reads one layer at a time and runs every setting on it: memory is
+one layer's passes plus per-step (T,) sums and a (T, S) count array per
+setting, not the capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..placement import place
+from ..placement.dispatch import trivial_map
+from ..placement.migrate import align, rebalance
+from .steps import Steps
+from .vllm_policy import hash_replica, logical_to_physical, rebalance_experts
+
+__all__ = ["ENGINES", "Replay", "Schedule", "Setting", "replay", "vllm_schedule"]
+
+ENGINES = ("vllm", "turbospark")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration: ``engine`` (one of ``ENGINES``), ``redundant`` spare slots
+    (num_redundant_experts), ``window`` (window_size), ``interval`` (step_interval), ``max_moves``
+    (turbospark engine: at most M moved slots per layer per rearrangement; None: unbounded)."""
+
+    engine: str
+    redundant: int
+    window: int
+    interval: int
+    max_moves: Optional[int] = None
+
+    def check(self, num_experts: int, gpus: int) -> None:
+        """Raises ``ValueError`` naming the value when the setting cannot run for E experts on G GPUs."""
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        for name, value in (("--window-size", self.window), ("--step-interval", self.interval)):
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if type(self.redundant) is not int or self.redundant < 0:
+            raise ValueError(f"--num-redundant-experts must be 0 or more, got {self.redundant!r}")
+        if (num_experts + self.redundant) % gpus:
+            raise ValueError(f"{num_experts} experts + {self.redundant} redundant = "
+                             f"{num_experts + self.redundant} slots, not divisible by --gpus {gpus}")
+        if self.max_moves is not None and (type(self.max_moves) is not int or self.max_moves < 0):
+            raise ValueError(f"--max-moves must be 0 or more, got {self.max_moves!r}")
+
+    def label(self) -> str:
+        """A short name: ``vllm R=32 W=1000 I=3000`` (``M=8`` for the turbospark engine)."""
+        moves = "" if self.engine == "vllm" else f" M={'inf' if self.max_moves is None else self.max_moves}"
+        return f"{self.engine} R={self.redundant} W={self.window} I={self.interval}{moves}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``steps`` (rearrangement k runs after step ``steps[k]`` and serves from ``steps[k] + 1``) and
+    ``windows[k]``, the steps whose counts are in the window it reads (each once)."""
+
+    steps: list[int]
+    windows: list[np.ndarray]
+
+
+def vllm_schedule(total: int, interval: int, window: int) -> Schedule:
+    """vLLM 0.33's rearrangement steps and windows over ``total`` steps (module docstring)."""
+    counter = max(0, interval - interval // 4)
+    enabled = True  # should_record_tensor starts as ones
+    pending: list[int] = []
+    ring: list[list[int]] = [[] for _ in range(window)]
+    slot = 0
+    steps, windows = [], []
+    for step in range(total):
+        if enabled:
+            pending.append(step)
+        if interval - counter <= window:
+            ring[slot], pending = pending, []
+            slot = (slot + 1) % window
+        counter += 1
+        if counter >= interval:
+            counter = 0
+            steps.append(step)
+            windows.append(np.array(sorted(s for row in ring for s in row), dtype=np.int64))
+        enabled = interval - counter <= window
+    return Schedule(steps, windows)
+
+
+@dataclass
+class Replay:
+    """One setting's replay: ``busiest`` and ``mean`` (T,) sums over layers of the busiest and mean GPU
+    load per step; per rearrangement its ``steps``, ``moved`` slots (all layers) and, with
+    ``keep_maps``, the (L, S) ``maps`` chosen."""
+
+    setting: Setting
+    slots: int
+    busiest: np.ndarray
+    mean: np.ndarray
+    steps: list[int]
+    moved: np.ndarray
+    maps: Optional[list[np.ndarray]] = None
+    _rows: list[list[np.ndarray]] = field(default_factory=list, repr=False)
+
+    @property
+    def series(self) -> np.ndarray:
+        """(T,) per-step imbalance, NaN for a step without load (``turbospark.rebalance.per_step``)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.mean > 0, (self.busiest - self.mean) / np.where(self.mean > 0, self.mean, 1), np.nan)
+
+
+def replay(capture: Any, steps: Steps, gpus: int, settings: Sequence[Setting], *, groups: int = 1,
+           nodes: int = 1, keep_maps: bool = True) -> list[Replay]:
+    """Replay every setting of ``settings`` over ``capture``'s traced passes cut into ``steps``, on G
+    ``gpus`` (``groups`` and ``nodes``: vLLM's num_expert_groups and node count). Dispatch is vLLM's
+    router (token index hash) for both engines. Returns one ``Replay`` per setting, in order.
+
+    Raises ``ValueError`` naming the value for a setting that cannot run (``Setting.check``)."""
+    experts = capture.num_experts
+    for setting in settings:
+        setting.check(experts, gpus)
+    if type(nodes) is not int or nodes < 1 or gpus % nodes:
+        raise ValueError(f"--gpus {gpus} is not divisible by --nodes {nodes!r}")
+    if type(groups) is not int or groups < 1:
+        raise ValueError(f"--groups must be a positive integer, got {groups!r}")
+    total = steps.count
+    schedules = {(s.interval, s.window): None for s in settings}
+    plans = {key: vllm_schedule(total, *key) for key in schedules}
+    out = [Replay(s, experts + s.redundant, np.zeros(total), np.zeros(total), plans[(s.interval, s.window)].steps,
+                  np.zeros(len(plans[(s.interval, s.window)].steps), dtype=np.int64),
+                  [] if keep_maps else None) for s in settings]
+    for layer in range(capture.num_layers):
+        step, index = steps.layer(layer)
+        ids = np.asarray(capture.trace[layer], dtype=np.int64)
+        ids = ids[:, None] if ids.ndim == 1 else ids
+        order = np.argsort(step, kind="stable")
+        ids, step, index = ids[order], step[order], index[order]
+        for result in out:
+            rows = _replay_layer(ids, step, index, total, plans[(result.setting.interval, result.setting.window)],
+                                 result, experts, gpus, groups, nodes)
+            if keep_maps:
+                result._rows.append(rows)
+    if keep_maps:
+        for result in out:
+            result.maps = [np.stack([rows[k] for rows in result._rows]) for k in range(len(result.steps))]
+            result._rows = []
+    return out
+
+
+def _replay_layer(ids: np.ndarray, step: np.ndarray, index: np.ndarray, total: int, plan: Schedule,
+                  result: Replay, experts: int, gpus: int, groups: int, nodes: int) -> list[np.ndarray]:
+    """One layer of one setting: adds its per-step sums into ``result``; returns its map at each rearrangement."""
+    slots = result.slots
+    per_gpu = slots // gpus
+    width = ids.shape[1]
+    served = trivial_map(1, experts, slots)[0]
+    physical = np.zeros((total, slots), dtype=np.int64)
+    bounds = [0] + [s + 1 for s in plan.steps] + [total]
+    cut = np.searchsorted(step, bounds)
+    chosen = []
+    for k in range(len(bounds) - 1):
+        lo, hi = cut[k], cut[k + 1]
+        if hi > lo:
+            table, replicas = logical_to_physical(served[None, :], experts)
+            flat = ids[lo:hi].ravel()
+            replica = hash_replica(np.repeat(index[lo:hi], width), replicas[0][flat])
+            slot = table[0][flat, replica]
+            # Only the segment's steps: a bincount over all T steps per segment would be O(T x segments).
+            first, last = bounds[k], bounds[k + 1]
+            physical[first:last] += np.bincount((np.repeat(step[lo:hi], width) - first) * slots + slot,
+                                                minlength=(last - first) * slots).reshape(last - first, slots)
+        if k == len(bounds) - 2:
+            break
+        # Rearrangement k: the window's slot counts, attributed through the map served now.
+        window = physical[plan.windows[k]].sum(axis=0)
+        weight = np.bincount(served, weights=window, minlength=experts).astype(np.int64)[None, :]
+        new = _policy(result.setting, weight, served[None, :], slots, experts, gpus, groups, nodes)[0]
+        result.moved[k] += int((new != served).sum())
+        served = new
+        chosen.append(new)
+    loads = physical.reshape(total, gpus, per_gpu).sum(axis=2)
+    result.busiest += loads.max(axis=1)
+    result.mean += loads.mean(axis=1)
+    return chosen
+
+
+def _policy(setting: Setting, weight: np.ndarray, served: np.ndarray, slots: int, experts: int, gpus: int,
+            groups: int, nodes: int) -> np.ndarray:
+    if setting.engine == "vllm":
+        return rebalance_experts(weight.astype(np.int32), slots, groups, nodes, gpus, served)
+    target = align(place(weight, gpus, slots).phy2log, served, gpus, True)
+    return rebalance(served, weight, gpus, setting.max_moves, target)

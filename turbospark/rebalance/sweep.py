@@ -1,0 +1,62 @@
+"""Settings grids, the Pareto front of per-step imbalance against bytes moved, and the engine flags of a setting.
+
+Each replayed setting is a point: ``cost``, the expert-weight bytes moved per
+hour of traffic (with ``--step-time``, the mean seconds of an engine step) or
+per 1,000 steps (without it), and ``imbalance``, the token-weighted per-step
+imbalance (the whole run's extra time over a balanced one). A setting is on
+the front when no other has both figures at most its own and one lower. The
+recommended setting is the front's lowest imbalance within the byte budget
+(``--max-bytes``, in the cost's unit; default none), fewer redundant slots
+and then fewer bytes breaking ties; redundant slots cost GPU memory, which the
+front does not see, so the table shows them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any, Optional, Sequence
+
+from .replay import Setting
+
+__all__ = ["engine_flags", "grid", "pareto", "recommend"]
+
+
+def grid(engine: str, redundant: Sequence[int], windows: Sequence[int], intervals: Sequence[int],
+         moves: Sequence[Optional[int]] = (None,)) -> list[Setting]:
+    """Every combination, in the order given (redundant slowest, moves fastest); the vLLM engine takes
+    no ``moves``."""
+    return [Setting(engine, r, w, i, None if engine == "vllm" else m)
+            for r, w, i, m in itertools.product(redundant, windows, intervals, moves if engine != "vllm" else (None,))]
+
+
+def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the (cost, imbalance) points no other point dominates, by ascending cost."""
+    front = []
+    for i, (cost, imb) in enumerate(points):
+        if not any((c <= cost and m <= imb) and (c < cost or m < imb) for j, (c, m) in enumerate(points) if j != i):
+            front.append(i)
+    return sorted(front, key=lambda i: (points[i][0], points[i][1], i))
+
+
+def recommend(points: Sequence[tuple[float, float]], settings: Sequence[Setting],
+              budget: Optional[float] = None) -> Optional[int]:
+    """The front's lowest imbalance with cost within ``budget``; None when no point fits."""
+    front = [i for i in pareto(points) if budget is None or points[i][0] <= budget]
+    if not front:
+        return None
+    return min(front, key=lambda i: (points[i][1], settings[i].redundant, points[i][0], i))
+
+
+def engine_flags(setting: Setting, gpus: int, num_experts: int) -> str:
+    """What to give the engine for ``setting``: vLLM's flags with the exact ``--eplb-config`` JSON, or
+    for the turbospark engine the ``place`` command to run at each interval."""
+    if setting.engine == "vllm":
+        config = {"window_size": setting.window, "step_interval": setting.interval,
+                  "num_redundant_experts": setting.redundant, "use_async": False}
+        text = json.dumps(config, separators=(",", ":"))
+        return (f"vllm serve MODEL --enable-expert-parallel --enable-eplb --eplb-config '{text}' "
+                f"(expert-parallel size {gpus}: tensor x data parallel = {gpus})")
+    moves = "" if setting.max_moves is None else f" --max-moves {setting.max_moves}"
+    return (f"every {setting.interval} steps, on the last {setting.window} steps' counts: turbospark place "
+            f"WINDOW --gpus {gpus} --slots {num_experts + setting.redundant} --from SERVED{moves} (not an engine flag: a patched rebalancer)")
