@@ -1,5 +1,5 @@
 """The ``turbospark`` command: ``analyze``, ``plot``, ``demo``; ``place``, ``export`` (``_place``);
-``compare``, ``merge`` (``_tools``); ``cache`` (``_cache``).
+``compare``, ``merge`` (``_tools``); ``cache`` (``_cache``); ``llama-plan`` (``_llama_plan``).
 
 Exit status: 0 when everything asked for holds; 1 when a capture check (or
 ``--self-test``) fails, the report still printed; 2 when the job could not be
@@ -140,11 +140,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_analysis_options(demo_cmd)
     demo_cmd.set_defaults(run=_run_demo)
 
-    from . import _cache, _place, _tools
+    from . import _cache, _llama_plan, _place, _tools
 
     _place.add_commands(commands, _positive)
     _tools.add_commands(commands)
     _cache.add_command(commands, _positive)
+    _llama_plan.add_command(commands, _positive)
     _add_record_command(commands)
     return parser
 
