@@ -104,6 +104,7 @@ def test_cli(tmp_path, capfd) -> None:
         "plan: decode 4.00 CPU experts/token (400 bytes/token); prompt copy 6.00 experts/ubatch (600 bytes/ubatch of 32)\n"
         "--n-cpu-moe 2: decode 4.00 CPU experts/token (400 bytes/token); prompt copy 11.00 experts/ubatch "
         "(1,100 bytes/ubatch of 32)\n"
+        "plan against --n-cpu-moe 2: decode bytes +0.0%, prompt copy bytes -45.5%\n"
     )
     assert main(["llama-plan", path, "--expert-bytes", "100", "--vram", "900", "--ubatch", "32", "--json"]) == 0
     document = json.loads(capfd.readouterr().out)

@@ -103,4 +103,11 @@ def format_plan(chosen: Any, baseline: Any, costs: Any) -> str:
             f"({_number(p.cpu_bytes_per_token, 0)} bytes/token); prompt copy {_number(p.copy_experts_per_ubatch)} "
             f"experts/ubatch ({_number(p.copy_bytes_per_ubatch, 0)} bytes/ubatch of {costs.ubatch})"
         )
+    change = []
+    for what, mine, theirs in (("decode bytes", chosen.cpu_bytes_per_token, baseline.cpu_bytes_per_token),
+                               ("prompt copy bytes", chosen.copy_bytes_per_ubatch, baseline.copy_bytes_per_ubatch)):
+        if mine is not None and theirs:
+            change.append(f"{what} {float((mine - theirs) / theirs):+.1%}")
+    if change:
+        lines.append(f"plan against --n-cpu-moe {baseline.n_cpu_moe(layers)}: {', '.join(change)}")
     return "\n".join(lines) + "\n"
