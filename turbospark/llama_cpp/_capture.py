@@ -356,6 +356,7 @@ class _Session:
 
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             if kwargs.get("draft_model") is not None:
+                self._stack = contextlib.ExitStack()  # Llama.__del__ closes it: refused before it exists
                 raise ValueError(
                     f"turbospark.llama_cpp.capture cannot record speculative decoding (draft_model="
                     f"{type(kwargs['draft_model']).__name__}): the drafted tokens are verified in blocks, which the "
