@@ -33,7 +33,7 @@ from turbospark.llama_cpp import capture
 
 
 def load(model: str) -> Any:
-    return llama_cpp.Llama(model_path=model, n_ctx=512, n_batch=64, type_k=llama_cpp.GGML_TYPE_F32,
+    return llama_cpp.Llama(model_path=model, n_ctx=256, n_batch=64, type_k=llama_cpp.GGML_TYPE_F32,
                            type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False, n_threads=1, n_threads_batch=1,
                            verbose=False)
 
