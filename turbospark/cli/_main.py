@@ -1,5 +1,6 @@
 """The ``turbospark`` command: ``analyze``, ``plot``, ``demo``; ``place``, ``export`` (``_place``);
-``compare``, ``merge`` (``_tools``); ``cache`` (``_cache``); ``offload`` (``_offload``).
+``compare``, ``merge`` (``_tools``); ``cache`` (``_cache``); ``offload`` (``_offload``); ``rebalance``
+(``_rebalance``); ``llama-plan`` (``_llama_plan``).
 
 Exit status: 0 when everything asked for holds; 1 when a capture check (or
 ``--self-test``) fails, the report still printed; 2 when the job could not be
@@ -148,13 +149,14 @@ def _parser() -> argparse.ArgumentParser:
                           "(default 0: never; for turbospark rebalance, see docs/rebalance.md)")
     demo_cmd.set_defaults(run=_run_demo)
 
-    from . import _cache, _offload, _place, _rebalance, _tools
+    from . import _cache, _llama_plan, _offload, _place, _rebalance, _tools
 
     _place.add_commands(commands, _positive)
     _tools.add_commands(commands)
     _cache.add_command(commands, _positive)
     _offload.add_command(commands, _positive)
     _rebalance.add_command(commands, _positive)
+    _llama_plan.add_command(commands, _positive)
     _add_record_command(commands)
     return parser
 
