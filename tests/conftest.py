@@ -21,6 +21,7 @@ import importlib
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import tempfile
 from types import ModuleType
@@ -35,6 +36,12 @@ from turbospark.recording import _recorder_py
 from turbospark.recording.recorder import recorder_class
 
 EXPECTED_BACKEND = "python" if os.environ.get("TURBOSPARK_PUREPYTHON") else "cython"
+
+if os.environ.get("PYTEST_XDIST_WORKER") and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    # pytest-xdist's workers start with SIGINT ignored, and a child process inherits that (Python
+    # installs no KeyboardInterrupt handler where SIGINT is ignored): the tests that Ctrl-C a child
+    # need the disposition a plain `pytest` process has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def in_ci() -> bool:
