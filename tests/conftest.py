@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, NoReturn, Optional
 import pytest
 
 import reference_harness
+from readme_blocks import turbospark_shell
 
 import turbospark
 from turbospark.recording import _recorder_py
@@ -103,6 +104,12 @@ def _no_swallowed_exceptions(capfd: pytest.CaptureFixture[str]) -> Any:
     err = capfd.readouterr().err
     if "Exception ignored" in err:
         pytest.fail(f"stderr shows a swallowed exception:\n{err}")
+
+
+@pytest.fixture
+def shell(tmp_path: pathlib.Path) -> dict[str, str]:
+    """An environment whose ``turbospark`` command is this checkout's, for the docs' shell examples."""
+    return turbospark_shell(tmp_path)
 
 
 @pytest.fixture

@@ -17,12 +17,13 @@ runs what a server runs at start-up from its command-line flags.
 from __future__ import annotations
 
 import importlib.util
-import shlex
 import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
+
+from wheel_harness import flag_values, restore_modules
 
 KT_KERNEL = "kt_kernel/experts_base.py"
 SGLANG_KT = "sglang/srt/layers/moe/kt_ep_wrapper.py"
@@ -52,17 +53,12 @@ class Engine:
 
     def close(self) -> None:
         """Put ``sys.modules`` back as it was."""
-        for name, module in self._saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+        restore_modules(self._saved)
 
     def masks(self, flags: str, num_hidden_layers: int, num_experts: int, first_k_dense_replace: int = 0) -> Any:
         """sglang-kt's ``_init_kt_gpu_experts_masks`` for a model of that geometry, started with
         the command-line ``flags`` (the ones turbospark prints): the (H, E) bool tensor it keeps."""
-        words = shlex.split(flags)
-        given = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
+        given = flag_values(flags)
         hf = SimpleNamespace(num_hidden_layers=num_hidden_layers, num_experts=num_experts,
                              first_k_dense_replace=first_k_dense_replace, moe_layer_freq=1)
         args = SimpleNamespace(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import shlex
 import sys
 import zipfile
 from pathlib import Path
@@ -24,6 +23,8 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
+
+from wheel_harness import flag_values, restore_modules
 
 EPLB = "sglang/srt/eplb/"
 MODULES = ("expert_location", "expert_location_dispatch")
@@ -40,17 +41,12 @@ class Engine:
 
     def close(self) -> None:
         """Put ``sys.modules`` back as it was."""
-        for name, module in self._saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+        restore_modules(self._saved)
 
     def serve(self, flags: str, num_layers: int, num_experts: int) -> None:
         """Set the server arguments from SGLang command-line ``flags`` (the ones turbospark prints),
         ep_size then adjusted by SGLang's own rule for the all-to-all backend."""
-        words = shlex.split(flags)
-        given = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
+        given = flag_values(flags)
         moe, parallel = self.config.moe, self.config.parallel
         parallel.tp_size = int(given.pop("tp", 1))
         parallel.ep_size = int(given.pop("ep_size", 1))

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
-from childproc import child_env, run_isolated
-from readme_blocks import block_after
+from readme_blocks import block_after, sh
 
 
-def test_llama_plan_worked_example(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "turbospark").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m turbospark "$@"\n')
-    (bin_dir / "turbospark").chmod(0o755)
-    env = child_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+def test_llama_plan_worked_example(tmp_path: Path, shell: dict[str, str]) -> None:
     lines = [line for line in block_after("test: llama-plan-example").splitlines() if line.strip()]
     assert len(lines) == 2
-    outputs = []
-    for line in lines:
-        done = run_isolated(["bash", "-c", line], str(tmp_path), env, 300)
-        assert done.returncode == 0, (line, done.stderr)
-        outputs.append(done.stdout)
+    outputs = [sh(line, shell, tmp_path) for line in lines]
     assert outputs[1] == block_after("test: llama-plan-output")

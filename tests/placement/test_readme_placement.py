@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-
-from childproc import child_env, run_isolated
-from readme_blocks import block_after
+from readme_blocks import block_after, sh, working_directory
 
 def block(marker: str) -> str:
     """The fenced block right after ``<!-- test: MARKER -->`` in the README."""
@@ -22,25 +16,8 @@ def commands(marker: str) -> list[str]:
     return [line for line in block(marker).splitlines() if line.strip()]
 
 
-@pytest.fixture
-def shell(tmp_path: Path) -> dict[str, str]:
-    """An environment whose ``turbospark`` is this checkout's, run by this interpreter."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "turbospark"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m turbospark "$@"\n')
-    wrapper.chmod(0o755)
-    return child_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
-
-
-def run(line: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    done = run_isolated(["bash", "-c", line], str(cwd), env, 300)
-    assert done.returncode == 0, (line, done.stderr)
-    return done
-
-
 def test_placement_example_runs_and_prints_what_the_readme_shows(tmp_path: Path, shell: dict[str, str]) -> None:
-    outputs = [run(line, shell, tmp_path).stdout for line in commands("placement-example")]
+    outputs = [sh(line, shell, tmp_path) for line in commands("placement-example")]
     assert outputs[1] == block("placement-output")
     assert list(json.loads((tmp_path / "sglang.json").read_text())) == ["physical_to_logical_map"]
     assert (tmp_path / "eplb.yaml").read_text().startswith("initial_global_assignments:\n  0: [")
@@ -54,18 +31,14 @@ def test_placement_example_runs_and_prints_what_the_readme_shows(tmp_path: Path,
     assert len(json.loads((tmp_path / "merged.json").read_text())["seq"][0]) == 2000
     code = block("placement-python")
     namespace: dict[str, object] = {}
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        exec(compile(code, "README.md", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
+    with working_directory(tmp_path):
+        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 -- the README's own code
     assert namespace["doc"]["summary"]["routed_layers"] == 16  # type: ignore[index]
 
 
 def test_dispatch_example_runs_and_prints_what_the_readme_shows(tmp_path: Path, shell: dict[str, str]) -> None:
-    run(commands("placement-example")[0], shell, tmp_path)  # the demo capture
-    outputs = [run(line, shell, tmp_path).stdout for line in commands("placement-dispatch")]
+    sh(commands("placement-example")[0], shell, tmp_path)  # the demo capture
+    outputs = [sh(line, shell, tmp_path) for line in commands("placement-dispatch")]
     assert outputs[0] == block("placement-dispatch-output")
     rebalanced = json.loads((tmp_path / "rebalanced.json").read_text())
     assert all(row["moved_slots"] <= 8 for row in rebalanced["layers"])

@@ -425,13 +425,17 @@ def test_pilot_probe_warns_once(models: dict[str, str], tmp_path: pathlib.Path) 
 
 
 def test_shutdown_grace_only_widens_the_abort_window() -> None:
-    code = ("import os; os.environ['TURBOSPARK_ROUTER_HIST'] = 'x.json'; os.environ['TURBOSPARK_VLLM_SHUTDOWN_GRACE'] = '7'\n"
-            "import turbospark.vllm as v; v.register(); v.register()\n"
-            "from vllm.v1.engine import utils as u; f = u.get_engine_process_shutdown_timeout\n"
-            "print(f(0, 0), f(0, 2), f(0, 30), f(0, None), f(5, 0), f(5, 3))")
+    code = _with_grace("", "v.register()\nfrom vllm.v1.engine import utils as u; f = u.get_engine_process_shutdown_timeout\n"
+                           "print(f(0, 0), f(0, 2), f(0, 30), f(0, None), f(5, 0), f(5, 3))")
     # Abort mode (--shutdown-timeout 0): at least 7 s for the engine to exit; vLLM's own 5 s default (None),
     # a longer window and drain mode (a positive request timeout) are left alone.
     assert _last_line(code) == "7.0 7.0 30 None 0 3"
+
+
+def _with_grace(before: str, after: str) -> str:
+    """A child's code: ``before``, then TURBOSPARK_VLLM_SHUTDOWN_GRACE=7 set and the plugin registered, then ``after``."""
+    return (f"import os\n{before}os.environ['TURBOSPARK_ROUTER_HIST'] = 'x.json'; "
+            f"os.environ['TURBOSPARK_VLLM_SHUTDOWN_GRACE'] = '7'\nimport turbospark.vllm as v; v.register()\n{after}")
 
 
 def _last_line(code: str) -> str:
@@ -666,10 +670,8 @@ def test_layers_the_hook_cannot_see_are_refused(module: dict[str, Any], message:
 
 def test_shutdown_grace_reaches_the_dp_supervisor() -> None:
     # `vllm serve` imports the DP supervisor, which imports the timeout function by name, before plugins load.
-    code = ("import os; from vllm.entrypoints.launchers import dp_supervisor as s\n"
-            "os.environ['TURBOSPARK_ROUTER_HIST'] = 'x.json'; os.environ['TURBOSPARK_VLLM_SHUTDOWN_GRACE'] = '7'\n"
-            "import turbospark.vllm as v; v.register()\n"
-            "print(s.get_engine_process_shutdown_timeout(0, 0))")
+    code = _with_grace("from vllm.entrypoints.launchers import dp_supervisor as s\n",
+                       "print(s.get_engine_process_shutdown_timeout(0, 0))")
     assert _last_line(code) == "7.0"
 
 
