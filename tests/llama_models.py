@@ -23,8 +23,14 @@ import subprocess
 import sys
 from typing import Any
 
-import hf_models
 from conftest import require_module, skip_or_fail
+
+# hf_models imports transformers: a run without it (or without llama.cpp) skips these tests'
+# modules at collection, as require_module says, rather than erroring on the import.
+for _needed in ("llama_cpp", "torch", "transformers"):
+    require_module(_needed)
+
+import hf_models  # noqa: E402
 
 SRC_VARIABLE = "TURBOSPARK_LLAMA_CPP_SRC"
 # qwen3_moe without the dense middle layer: llama.cpp's qwen3moe graph routes every layer.

@@ -327,7 +327,8 @@ def test_the_public_paths_resolve() -> None:
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 # What each script imports beyond the core's numpy.
-BENCHMARK_NEEDS = {"bench_torch.py": ("torch",), "bench_transformers.py": ("torch", "transformers")}
+BENCHMARK_NEEDS = {"bench_torch.py": ("torch",), "bench_transformers.py": ("torch", "transformers"),
+                   "bench_llama_cpp.py": ("llama_cpp",)}
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in BENCHMARKS.glob("*.py")))

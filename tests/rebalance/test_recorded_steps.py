@@ -91,6 +91,6 @@ def test_parquet_export_has_the_step_column(make: Any, tmp_path: Path) -> None:
     recorder.close()
     export_parquet([(str(tmp_path / "capture.json"), turbospark.load(tmp_path / "capture.json"))],
                    str(tmp_path / "out"))
-    layer1 = pq.read_table(tmp_path / "out" / "rank=0" / "layer=1" / "part-0.parquet")
+    layer1 = pq.ParquetFile(tmp_path / "out" / "rank=0" / "layer=1" / "part-0.parquet").read()
     assert layer1.column_names == ["pass", "seq", "phase", "ids", "pred", "step"]
     assert layer1.column("step").to_pylist() == [0, 0, 3]
