@@ -39,7 +39,8 @@ from .._atomic import describe_os_error, write_atomic
 from ._backend import BACKEND, CoreBase, RecorderCore
 from ._destination import check_destination
 from ._facade_stream import Streaming, logits_tail
-from ..capture._steps import StepMarks, step_passes_key
+from ..capture._steps import step_passes_key
+from ._facade_steps import Steps
 from ._warn import warn_caller
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -200,16 +201,6 @@ class _Writes(Streaming, _Staging):
     _write_lock: threading.RLock
     # trace="stream": the serial (_take_chunk's) of the summary last written, so an older one never replaces it.
     _written_serial: int
-
-    def mark_step(self) -> int:
-        """Close the current engine step: each layer's passes since the previous mark form one step,
-        written as the capture's ``step_passes`` (docs/format.md). Returns the steps marked so far.
-        Not a hot path: one read of the per-layer pass counts (staged device rows drained first)."""
-        self._drain()
-        with self._write_lock:  # two threads' first marks make one StepMarks
-            if self._step_marks is None:
-                self._step_marks = StepMarks(self.num_layers)
-        return self._step_marks.mark(self._passes_array())
 
     def _document(self) -> bytes:
         """The capture's JSON: the one path every output goes through (``to_json``, ``write``, close, exit).
@@ -392,7 +383,7 @@ class _Lifecycle(_Checkpoints):
             self._finish(close=True)
 
 
-class _Facade(_Lifecycle, _Reads):
+class _Facade(_Lifecycle, _Reads, Steps):
     """Everything of ``RouterHistogram`` that is not a per-call hot path: its construction, over the mixins."""
 
     def __init__(
