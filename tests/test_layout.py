@@ -298,7 +298,8 @@ def test_an_old_submodule_reached_as_an_attribute_warns_at_the_caller() -> None:
     )
     done = run_python("-c", code)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines() == [
+    # Python 3.13 prints the warned line of -c code under each warning, indented; the warnings are the rest.
+    assert [line for line in done.stderr.splitlines() if not line.startswith("  ")] == [
         "<string>:4: DeprecationWarning: turbospark.analysis.cache moved to turbospark.offload.cache; "
         "the old path is an alias that goes in turbospark 0.2",
         "<string>:5: DeprecationWarning: turbospark.analysis.plot_cache moved to turbospark.outputs.plot_cache; "
