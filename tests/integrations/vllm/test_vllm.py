@@ -43,10 +43,48 @@ import turbospark  # noqa: E402
 from turbospark.transformers import capture  # noqa: E402
 
 import vllm_models  # noqa: E402
+from vllm_forkserver import ForkServer  # noqa: E402
 
 TESTS = pathlib.Path(__file__).resolve().parents[2]
 CHILD = str(TESTS / "vllm_child.py")
 K = vllm_models.TOP_K
+
+
+_SERVER: list[ForkServer] = []
+_MODELINFOS: list[pathlib.Path] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_by_the_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """What this module's engine runs share: the vLLM fork server (tests/vllm_forkserver.py), started by
+    the first run that needs it, and vLLM's model-info cache (``vllm_cache``)."""
+    _MODELINFOS.append(tmp_path_factory.mktemp("vllm-modelinfos"))
+    yield
+    while _SERVER:
+        _SERVER.pop().stop()
+    _MODELINFOS.clear()
+
+
+def vllm_cache(tmp_path: pathlib.Path) -> str:
+    """A run's own VLLM_CACHE_ROOT (its compile cache is its own) whose ``modelinfos`` is the module's.
+
+    vLLM inspects a model's class in a subprocess that imports vLLM again (~12 CPU-seconds,
+    ``model_executor/models/registry.py:_run_in_subprocess``) unless that folder holds the answer, keyed
+    by the hash of the model's module file; a user's engines share it in ~/.cache/vllm as these do."""
+    root = tmp_path / "vllm-cache"
+    root.mkdir(exist_ok=True)
+    if not (root / "modelinfos").exists():
+        (root / "modelinfos").symlink_to(_MODELINFOS[0], target_is_directory=True)
+    return str(root)
+
+
+def _run_child(argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``run_isolated``, forked from the server when it can serve ``env`` (one vLLM import for them all)."""
+    if not _SERVER:
+        _SERVER.append(ForkServer(child_env()))
+    if _SERVER[0].serves(env):
+        return _SERVER[0].run(argv, cwd, env, timeout)
+    return run_isolated(argv, cwd, env, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +106,7 @@ def run_vllm(tmp_path: pathlib.Path, model: str, batches: list[list[list[int]]],
     """Run the child; returns (the capture loaded from ``read`` (default ``capture_path``) or None, the
     requests' tokens, stderr)."""
     argv, extra = _child(tmp_path, tmp_path, model, batches, max_tokens, engine, env, capture_path)
-    proc = run_isolated(argv, str(tmp_path), child_env(extra), timeout)
+    proc = _run_child(argv, str(tmp_path), child_env(extra), timeout)
     if proc.returncode != 0:
         return None, [], proc.stderr
     assert "ENGINE-DELETED" in proc.stdout, proc.stdout
@@ -84,7 +122,7 @@ def _child(tmp_path: pathlib.Path, work: pathlib.Path, model: str, batches: list
     spec = work / "spec.json"
     spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
                                     max_tokens=max_tokens, out=str(work / "out.json"), **more)))
-    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": vllm_cache(tmp_path)}
     if capture_path is not None:
         extra.update({"TURBOSPARK_ROUTER_HIST": str(tmp_path / capture_path), "TURBOSPARK_ROUTER_TRACE": "1"})
     extra.update(env or {})
@@ -440,7 +478,7 @@ def _with_grace(before: str, after: str) -> str:
 
 def _last_line(code: str) -> str:
     """The last line a child interpreter running ``code`` printed; it must exit 0."""
-    proc = run_isolated([sys.executable, "-c", code], str(TESTS), child_env(), 120)
+    proc = _run_child([sys.executable, "-c", code], str(TESTS), child_env(), 120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.splitlines()[-1]
 
@@ -483,7 +521,7 @@ def _start_serve(tmp_path: pathlib.Path, model: str, env: dict[str, str]) -> tup
     argv = [vllm, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
             "--max-model-len", "256", "--skip-tokenizer-init", "--enforce-eager", "--kv-cache-memory-bytes",
             str(64 << 20)]
-    extra = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), **env}
+    extra = {"VLLM_CACHE_ROOT": vllm_cache(tmp_path), **env}
     log = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(argv, cwd=str(tmp_path), env=child_env(extra), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -632,11 +670,11 @@ def test_docs_llm_example(models: dict[str, str], tmp_path: pathlib.Path) -> Non
 
     script = tmp_path / "example.py"
     script.write_text(f"MODEL_DIR = {models['mixtral']!r}\n" + block_after("example: vllm-llm", "python"))
-    proc = run_isolated([sys.executable, str(script)], str(tmp_path), child_env(), 300)
+    proc = _run_child([sys.executable, str(script)], str(tmp_path), child_env(), 300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     load = block_after("example: vllm-load", "python")
     code, expected = load.rsplit("# ", 1)
-    printed = run_isolated([sys.executable, "-c", code], str(tmp_path), child_env(), 60)
+    printed = _run_child([sys.executable, "-c", code], str(tmp_path), child_env(), 60)
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout == expected
 
@@ -682,9 +720,9 @@ def _in_process(tmp_path: pathlib.Path, model: str, script: str, env: Optional[d
     head = (f"MODEL = {model!r}\nENGINE = dict(model=MODEL, dtype='float32', skip_tokenizer_init=True, "
             f"enforce_eager=True, max_model_len=128, kv_cache_memory_bytes=64 << 20, seed=0)\n")
     (tmp_path / "script.py").write_text(head + script)
-    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+    extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": vllm_cache(tmp_path),
              "TURBOSPARK_ROUTER_HIST": str(tmp_path / "cap.json"), "TURBOSPARK_ROUTER_TRACE": "1", **(env or {})}
-    return run_isolated([sys.executable, str(tmp_path / "script.py")], str(tmp_path), child_env(extra), timeout)
+    return _run_child([sys.executable, str(tmp_path / "script.py")], str(tmp_path), child_env(extra), timeout)
 
 
 TWO_ENGINES = """
