@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import shlex
 import sys
 import zipfile
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from wheel_harness import flag_values, restore_modules
 EPLB = "sglang/srt/eplb/"
 MODULES = ("expert_location", "expert_location_dispatch")
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+SWITCHES = ("--enable-eplb",)  # flags without a value
 
 
 class Engine:
@@ -46,9 +48,17 @@ class Engine:
     def serve(self, flags: str, num_layers: int, num_experts: int) -> None:
         """Set the server arguments from SGLang command-line ``flags`` (the ones turbospark prints),
         ep_size then adjusted by SGLang's own rule for the all-to-all backend."""
-        given = flag_values(flags)
+        words = shlex.split(flags)
+        switches = {w[2:].replace("-", "_") for w in words if w in SWITCHES}
+        given = flag_values(" ".join(w for w in words if w not in SWITCHES))
         moe, parallel = self.config.moe, self.config.parallel
-        parallel.tp_size = int(given.pop("tp", 1))
+        moe.enable_eplb = "enable_eplb" in switches
+        moe.ep_dispatch_algorithm = given.pop("ep_dispatch_algorithm", "static")
+        moe.eplb_rebalance_num_iterations = int(given.pop("eplb_rebalance_num_iterations", 1000))
+        # Unset, SGLang takes the rebalance interval (arg_groups/parallel_hook.py, 805-811).
+        moe.expert_distribution_recorder_buffer_size = int(given.pop("expert_distribution_recorder_buffer_size",
+                                                                     moe.eplb_rebalance_num_iterations))
+        parallel.tp_size = int(given.pop("tp_size", None) or given.pop("tp", 1))  # --tp: argparse's abbreviation
         parallel.ep_size = int(given.pop("ep_size", 1))
         parallel.nnodes = int(given.pop("nnodes", 1))
         moe.moe_a2a_backend = given.pop("moe_a2a_backend", "none")
@@ -93,10 +103,23 @@ def gpu_loads(maps: np.ndarray, sent: np.ndarray, slots: int) -> np.ndarray:
 
 def load(wheel: str, directory: Path) -> Engine:
     """Extract and import the wheel's eplb modules with stubs (module docstring)."""
+    return load_modules(wheel, directory, MODULES)[0]
+
+
+def load_modules(wheel: str, directory: Path, modules: tuple[str, ...],
+                 extend: Optional[Callable[[dict[str, ModuleType], SimpleNamespace], None]] = None
+                 ) -> tuple[Engine, dict[str, ModuleType]]:
+    """``load`` of ``modules`` (under ``sglang.srt.eplb``; a package by its name, its files extracted
+    beside it, listed before the modules that import it): ``extend(stubs, config)`` adds stubs before
+    they are imported. Returns the engine and every module imported, by name."""
+    tops = {m.split(".")[0] for m in modules}
     with zipfile.ZipFile(wheel) as archive:
-        for name in MODULES:
-            target = directory / f"{name}.py"
-            target.write_bytes(archive.read(f"{EPLB}{name}.py"))
+        for name in archive.namelist():
+            relative = name[len(EPLB):]
+            if name.startswith(EPLB) and name.endswith(".py") and relative.split("/")[0].removesuffix(".py") in tops:
+                target = directory / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.read(name))
         overrides = archive.read(OVERRIDES).decode()
     config = SimpleNamespace(
         moe=SimpleNamespace(ep_dispatch_algorithm="static", moe_a2a_backend="none", ep_join_mode="none",
@@ -123,20 +146,28 @@ def load(wheel: str, directory: Path) -> Engine:
         @staticmethod
         def get_model_config_for_expert_location(hf: Any) -> Any:
             location = sys.modules["sglang.srt.eplb.expert_location"]
-            return location.ModelConfigForExpertLocation(num_layers=hf.num_layers, num_logical_experts=hf.num_experts)
+            return location.ModelConfigForExpertLocation(num_layers=hf.num_layers, num_logical_experts=hf.num_experts,
+                                                         num_groups=getattr(hf, "num_groups", None))
 
     loader.get_model_architecture = lambda model_config: (Architecture, "Architecture")
-    names = list(stubs) + [f"sglang.srt.eplb.{name}" for name in MODULES]
+    if extend is not None:
+        extend(stubs, config)
+    names = list(stubs) + [f"sglang.srt.eplb.{name}" for name in modules]
     saved = {name: sys.modules.get(name) for name in names}
     sys.modules.update(stubs)
-    modules = {}
-    for name in MODULES:
-        spec = importlib.util.spec_from_file_location(f"sglang.srt.eplb.{name}", directory / f"{name}.py")
+    imported = {}
+    for name in modules:
+        path = directory / (name.replace(".", "/") + ".py")
+        package = not path.is_file()
+        path = directory / name.replace(".", "/") / "__init__.py" if package else path
+        spec = importlib.util.spec_from_file_location(f"sglang.srt.eplb.{name}", path,
+                                                      submodule_search_locations=[str(path.parent)] if package else None)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-        modules[name] = module
-    return Engine(modules, config, _ep_size_rule(overrides), saved)
+        imported[name] = module
+    saved.update({name: None for name in sys.modules if name.startswith("sglang.") and name not in saved})
+    return Engine(imported, config, _ep_size_rule(overrides), saved), imported
 
 
 def _ep_size_rule(source: str) -> Any:

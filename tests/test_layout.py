@@ -346,7 +346,9 @@ def test_every_benchmark_script_imports_what_it_names(script: str) -> None:
 # File names the docs cite from other projects' source, not ours.
 EXTERNAL_FILES = {"eplb.py", "expert_location.py", "expert_location_dispatch.py", "naive_dp_ep.py",
                   "routed_experts_capturer.py", "experts_base.py", "kt_ep_wrapper.py",
-                  "default.py", "eplb_state.py", "base_router.py"}  # vLLM 0.33's (docs/rebalance.md)
+                  "default.py", "eplb_state.py", "base_router.py",  # vLLM 0.33's (docs/rebalance.md)
+                  "eplb_manager.py", "expert_distribution.py", "deepseek.py", "model_runner.py",
+                  "parallel_hook.py", "topk.py"}  # SGLang 0.5.23's (docs/rebalance.md)
 
 
 def test_the_docs_name_only_files_that_exist() -> None:

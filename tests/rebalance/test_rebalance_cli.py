@@ -97,7 +97,7 @@ def test_sweep_table(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--step-interval", "4,8"], "turbospark: --step-interval has several values: give --sweep to try every combination\n"),
-    (["--max-moves", "2"], "turbospark: --max-moves applies to --engine turbospark (vLLM's policy moves what it moves)\n"),
+    (["--max-moves", "2"], "turbospark: --max-moves applies to --engine turbospark (vLLM's and SGLang's policies move what they move)\n"),
     (["--num-redundant-experts", "1"], "turbospark: 8 experts + 1 redundant = 9 slots, not divisible by --gpus 4\n"),
 ])
 def test_bad_settings(tmp_path: Path, capfd: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:

@@ -13,6 +13,7 @@ def test_worked_example_prints_what_the_page_shows(tmp_path: Path, shell: dict[s
     outputs = [sh(line, shell, tmp_path) for line in lines]
     assert outputs[1] == block_after("test: rebalance-output")
     assert outputs[2] == block_after("test: rebalance-turbospark-output")
+    assert outputs[3] == block_after("test: rebalance-sglang-output")
     doc = json.loads((tmp_path / "sweep.json").read_text())
     chosen = doc["settings"][doc["recommended"]]
     assert (chosen["window_size"], chosen["step_interval"], chosen["num_redundant_experts"]) == (10, 30, 16)

@@ -33,7 +33,8 @@ from .partial import LayerPart, layer_entry, layer_part, trace_mismatch
 from .report import Heading
 from .sequences import sequence_ids
 
-__all__ = ["FileOutline", "Runner", "analyze_files", "connect", "dask_runner", "file_outline", "layer_task"]
+__all__ = ["FileOutline", "Runner", "analyze_files", "connect", "dask_runner", "file_outline", "layer_task",
+           "load_version"]
 
 Runner = Callable[..., "list[Any]"]
 CONNECT_TIMEOUT = "10s"  # how long ``connect`` waits for a scheduler address to answer
@@ -91,6 +92,12 @@ def _load_version(path: str, verify: bool = False) -> tuple[Capture, tuple[int, 
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def load_version(path: str, verify: bool = False) -> tuple[Capture, tuple[int, ...]]:
+    """The capture at ``path`` through this process's cache, and the version of the file it read
+    (``_load_version``): what a task compares with the client's to refuse a file changed mid-job."""
+    return _load_version(path, verify)
 
 
 def forget_loaded() -> None:
@@ -221,18 +228,24 @@ def _document(outlines: list[FileOutline], parts: list[LayerPart], tagged: bool,
 # ------------------------------------------------------------------ Dask
 
 
-def connect(address: str) -> tuple[Any, Any]:
+def connect(address: str, command: str = "analyze") -> tuple[Any, Any]:
     """(client, cluster) for ``address``: a scheduler address, or ``"local"`` for a new ``LocalCluster``
     of one single-threaded worker process per core (cluster None for an address). Raises ``ImportError``
-    naming the extra without dask, ``ValueError`` naming the address when no scheduler answers."""
+    naming the extra (and ``command``) without dask, ``ValueError`` naming the address when no scheduler
+    answers."""
     try:
         from distributed import Client, LocalCluster
     except ImportError as exc:
-        raise ImportError(f"analyze --dask needs dask distributed ({exc}); install it with {_INSTALL}") from None
+        raise ImportError(f"{command} --dask needs dask distributed ({exc}); install it with {_INSTALL}") from None
     if address == "local":
-        # Processes, one thread each: the numpy kernels run in parallel without sharing a GIL.
-        cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                               dashboard_address=":0")
+        import dask
+
+        # Processes, one thread each: the numpy kernels run in parallel without sharing a GIL. Dask starts
+        # workers with MALLOC_TRIM_THRESHOLD_=65536, which turns glibc's dynamic mmap threshold off: every
+        # large numpy temporary is then mapped and faulted in afresh (a rebalance replay ran 3-4x slower).
+        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+            cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                                   dashboard_address=":0")
         return Client(cluster), cluster
     try:
         return Client(address, timeout=CONNECT_TIMEOUT), None
@@ -240,8 +253,11 @@ def connect(address: str) -> tuple[Any, Any]:
         raise ValueError(f"cannot reach the Dask scheduler at {address!r}: {exc}") from None
 
 
-def dask_runner(client: Any) -> Runner:
-    """A ``run`` for ``analyze_files`` that maps the tasks on ``client``'s cluster and gathers them in order."""
+def dask_runner(client: Any, last: Optional[Callable[..., Any]] = None) -> Runner:
+    """A ``run`` that maps the tasks on ``client``'s cluster and gathers them in order; after the map of
+    ``last`` (the job's last task function: ``layer_task`` for ``analyze_files``), the workers drop the
+    captures they loaded."""
+    final = layer_task if last is None else last
 
     def run(function: Callable[..., Any], *iterables: Iterable[Any]) -> "list[Any]":
         # pure=False: a file may change between two jobs; never reuse a result by its arguments.
@@ -250,7 +266,7 @@ def dask_runner(client: Any) -> Runner:
             return list(client.gather(futures))
         finally:
             client.cancel(futures)
-            if function is layer_task:  # the job's last map: long-lived workers keep no capture
+            if function is final:  # the job's last map: long-lived workers keep no capture
                 client.run(forget_loaded)
 
     return run

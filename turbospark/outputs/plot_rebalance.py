@@ -34,7 +34,7 @@ def read_rebalance(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _label(row: dict[str, Any]) -> str:
-    moves = "" if row["engine"] == "vllm" else f" M={row['max_moves']}"
+    moves = "" if row["engine"] != "turbospark" else f" M={row['max_moves']}"
     return (f"{row['engine']} R={row['num_redundant_experts']} W={row['window_size']} "
             f"I={row['step_interval']}{moves}")
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from ._stdsort import argsort_desc
 
-__all__ = ["balanced_packing", "eplb", "replicate"]
+__all__ = ["balanced_packing", "eplb", "hierarchical", "replicate"]
 
 
 def replicate(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -51,13 +51,15 @@ def replicate(weight: np.ndarray, num_phy: int) -> tuple[np.ndarray, np.ndarray,
     return phy2log, rank, logcnt
 
 
-def balanced_packing(weight: np.ndarray, num_packs: int,
-                     labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def balanced_packing(weight: np.ndarray, num_packs: int, labels: np.ndarray | None = None,
+                     accumulate: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
     """Pack the n items of each row of ``weight`` (rows x n float32) into ``num_packs``
     packs of exactly n / num_packs items each, heaviest item first into the lightest pack.
 
     ``labels``: items with equal weight and label are interchangeable (see
-    ``argsort_desc``). Returns (pack_index, rank_in_pack), both rows x n int64.
+    ``argsort_desc``). ``accumulate``: the dtype pack weights add up in (float32 as the
+    published code's tensors; SGLang's copy adds Python floats: float64). Returns
+    (pack_index, rank_in_pack), both rows x n int64.
     """
     rows, items = weight.shape
     per_pack = items // num_packs
@@ -69,7 +71,7 @@ def balanced_packing(weight: np.ndarray, num_packs: int,
     # pack's weight becomes inf, so the lightest pack with room is a plain
     # argmin (first minimum, as Python's min). Real weights of full packs
     # are never read again.
-    pack_weight = np.zeros((rows, num_packs), dtype=np.float32)
+    pack_weight = np.zeros((rows, num_packs), dtype=accumulate)
     flat_weight = pack_weight.reshape(-1)
     filled = np.zeros(rows * num_packs, dtype=np.int64)
     base = np.arange(rows) * num_packs
@@ -110,6 +112,17 @@ def eplb(
     logical expert per slot (slots contiguous by GPU), layers x E replica counts.
     The caller checks divisibility (E by groups, groups and GPUs by nodes, slots by GPUs).
     """
+    phy2log, _, logcnt = hierarchical(weight, num_phy, num_groups, num_nodes, num_gpus)
+    return phy2log, logcnt
+
+
+def hierarchical(weight: np.ndarray, num_phy: int, num_groups: int, num_nodes: int, num_gpus: int, *,
+                 accumulate: type = np.float32, replicas_interchangeable: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``eplb`` with the replica rank of each slot: (phy2log, phyrank, logcnt), layers x num_phy,
+    num_phy, E. ``accumulate``: see ``balanced_packing``. ``replicas_interchangeable=False`` puts
+    equal-load replicas of one expert in torch's order too (needed when the caller reads ``phyrank``:
+    SGLang lists an expert's slots by replica rank)."""
     weight = np.asarray(weight, dtype=np.float32)
     layers, num_log = weight.shape
     group_size = num_log // num_groups
@@ -118,7 +131,7 @@ def eplb(
     per_node = num_log // num_nodes
 
     group_load = weight.reshape(layers, num_groups, group_size).sum(axis=-1, dtype=np.float32)
-    group_pack, group_rank = balanced_packing(group_load, num_nodes)
+    group_pack, group_rank = balanced_packing(group_load, num_nodes, accumulate=accumulate)
     log2mlog = (((group_pack * groups_per_node + group_rank) * group_size)[:, :, None]
                 + np.arange(group_size)).reshape(layers, num_log)
     mlog2log = _inverse(log2mlog)
@@ -127,14 +140,16 @@ def eplb(
     phy2mlog, phy_rank, mlog_count = replicate(mlog_load, num_phy // num_nodes)
 
     phy_load = np.take_along_axis(mlog_load / mlog_count.astype(np.float32), phy2mlog, axis=1)
-    # Replicas of one expert are interchangeable here: only ties between
+    # Replicas of one expert are interchangeable in the map: only ties between
     # different experts need torch's order for the same map.
-    pack_index, rank_in_pack = balanced_packing(phy_load, num_gpus // num_nodes, phy2mlog)
+    pack_index, rank_in_pack = balanced_packing(phy_load, num_gpus // num_nodes,
+                                                phy2mlog if replicas_interchangeable else None, accumulate)
     pphy2phy = _inverse(pack_index * per_gpu + rank_in_pack)
 
     pphy2mlog = np.take_along_axis(phy2mlog, pphy2phy, axis=1)
     pphy2mlog = (pphy2mlog.reshape(layers, num_nodes, -1)
                  + np.arange(0, num_log, per_node)[None, :, None]).reshape(layers, -1)
     phy2log = np.take_along_axis(mlog2log, pphy2mlog, axis=1)
+    phyrank = np.take_along_axis(phy_rank, pphy2phy, axis=1).reshape(layers, -1)
     logcnt = np.take_along_axis(mlog_count.reshape(layers, -1), log2mlog, axis=1)
-    return phy2log, logcnt
+    return phy2log, phyrank, logcnt

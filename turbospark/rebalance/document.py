@@ -2,8 +2,9 @@
 
 Shape (every number a script needs to check the replay)::
 
-    {"capture": PATH, "gpus": G, "groups": X, "nodes": N, "expert_bytes": B or null,
+    {"capture": PATH, "gpus": G, "groups": X, "nodes": N, "first_moe_layer": D, "expert_bytes": B or null,
      "step_time": SECONDS or null, "cost_unit": "bytes per hour" or "bytes per 1000 steps",
+     "dispatch": how tokens reach replicas (the engine's router, or SGLang's static dispatch and algorithm),
      "steps": {"how": how they were formed, "count": T},
      "trivial": SUMMARY,                      # the trivial map (E slots) served throughout
      "settings": [SETTING, ...],
@@ -28,22 +29,26 @@ import numpy as np
 
 from ..placement.dispatch import trivial_map
 from .per_step import per_step_imbalance, step_summary
+from . import sglang_policy
 from .replay import Replay, Setting, replay
 from .steps import Steps
 from .sweep import engine_flags, pareto, recommend
 
-__all__ = ["build", "table_lines"]
+__all__ = ["build", "dispatch_text", "table_lines"]
 
 
 def build(capture: Any, path: str, steps: Steps, gpus: int, settings: Sequence[Setting], *, groups: int = 1,
-          nodes: int = 1, expert_bytes: Optional[int] = None, step_time: Optional[float] = None,
+          nodes: int = 1, first_layer: int = 0, expert_bytes: Optional[int] = None, step_time: Optional[float] = None,
           budget: Optional[float] = None, drift: Optional[list[dict[str, Any]]] = None,
-          keep_maps: bool = True) -> dict[str, Any]:
-    """Replay ``settings`` and assemble the document (module docstring). Raises ``ValueError`` for a
-    setting that cannot run or a non-positive ``step_time``."""
+          keep_maps: bool = True, results: Optional[Sequence[Replay]] = None) -> dict[str, Any]:
+    """Replay ``settings`` (or take their ``results``, replayed elsewhere with the same arguments) and
+    assemble the document (module docstring). Raises ``ValueError`` for a setting that cannot run or a
+    non-positive ``step_time``."""
     if step_time is not None and not step_time > 0:
         raise ValueError(f"--step-time must be a positive number of seconds, got {step_time!r}")
-    results = replay(capture, steps, gpus, settings, groups=groups, nodes=nodes, keep_maps=keep_maps)
+    if results is None:
+        results = replay(capture, steps, gpus, settings, groups=groups, nodes=nodes, first_layer=first_layer,
+                         keep_maps=keep_maps)
     trivial = per_step_imbalance(capture, trivial_map(capture.num_layers, capture.num_experts, capture.num_experts),
                                  gpus, steps, "vllm")
     rows = [_setting(r, expert_bytes, steps.count, step_time) for r in results]
@@ -51,15 +56,29 @@ def build(capture: Any, path: str, steps: Steps, gpus: int, settings: Sequence[S
                _imbalance(row)) for row in rows]
     front = pareto(points)
     chosen = recommend(points, list(settings), budget)
-    return {"capture": path, "gpus": gpus, "groups": groups, "nodes": nodes, "expert_bytes": expert_bytes,
-            "step_time": step_time,
+    return {"capture": path, "gpus": gpus, "groups": groups, "nodes": nodes, "first_moe_layer": first_layer,
+            "expert_bytes": expert_bytes, "step_time": step_time,
             "cost_unit": ("bytes per hour" if step_time is not None else "bytes per 1000 steps")
             if expert_bytes is not None else "slots moved",
+            "dispatch": dispatch_text(settings[0].engine if settings else "vllm", gpus, groups, nodes),
             "steps": {"how": steps.how, "count": steps.count},
             "trivial": _summary(trivial.series, trivial.mean),
             "settings": rows, "pareto": front, "recommended": chosen,
-            "recommended_flags": None if chosen is None else engine_flags(settings[chosen], gpus, capture.num_experts),
+            "recommended_flags": None if chosen is None else engine_flags(settings[chosen], gpus, capture.num_experts,
+                                                                          nodes),
             "drift": drift}
+
+
+def dispatch_text(engine: str, gpus: int, groups: int, nodes: int) -> str:
+    """How ``engine``'s tokens reach an expert's replicas, as the document and the table say it."""
+    if engine != "sglang":
+        return "vLLM's router: the token at index i of a step goes to replica hash(i) % r"
+    name = sglang_policy.algorithm(groups if groups > 1 else None, nodes)
+    why = (f"{groups} expert groups over {nodes} node(s)" if name == "deepseek_hierarchical"
+           else "no expert groups" if groups == 1 else f"{groups} expert groups do not divide over {nodes} nodes")
+    return (f"SGLang's static dispatch (DeepEP): each source rank sends all its tokens of an expert to one slot, "
+            f"each expert's tokens taken as spread evenly over the {gpus} source ranks (one capture); "
+            f"rebalance algorithm {name} (--eplb-algorithm auto: {why})")
 
 
 def _imbalance(row: dict[str, Any]) -> float:
@@ -97,10 +116,12 @@ def table_lines(doc: dict[str, Any], settings: Sequence[Setting]) -> list[str]:
     trivial = doc["trivial"]
     lines = [f"rebalance replay: {doc['steps']['count']} steps ({doc['steps']['how']}), {doc['gpus']} GPUs; "
              "per-step imbalance = (sum over layers of the busiest GPU - of the mean) / of the mean",
-             f"  no rebalancing (trivial map, vLLM's dispatch): token-weighted {_fmt(trivial['token_weighted'])}, "
+             f"  no rebalancing (trivial map, {_baseline(doc)}): token-weighted {_fmt(trivial['token_weighted'])}, "
              f"p99 {_fmt(trivial['p99'])}",
              f"  {'setting':<34} {'rearr.':>6} {'mean':>7} {'p50':>7} {'p99':>7} {'max':>7} {'tok-w':>7} "
              f"{'slots/rearr.':>12} {doc['cost_unit']:>22}"]
+    if not doc["dispatch"].startswith("vLLM"):
+        lines.insert(1, f"  dispatch: {doc['dispatch']}")
     front = set(doc["pareto"])
     for index, (row, setting) in enumerate(zip(doc["settings"], settings)):
         imb = row["imbalance"]
@@ -116,6 +137,10 @@ def table_lines(doc: dict[str, Any], settings: Sequence[Setting]) -> list[str]:
     if doc["recommended_flags"] is not None:
         lines.append(f"  recommended: {doc['recommended_flags']}")
     return lines
+
+
+def _baseline(doc: dict[str, Any]) -> str:
+    return "vLLM's dispatch" if doc["dispatch"].startswith("vLLM") else "one slot per expert"
 
 
 def _fmt(value: Optional[float]) -> str:

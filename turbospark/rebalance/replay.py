@@ -30,6 +30,36 @@ all layers at once (``"use_async": false``, which the recommended
 being turbospark's own ``place`` on the window's loads, reached from the
 served map by at most M slot moves per layer (``place --from --max-moves M``).
 
+``sglang`` engine, ``sglang_schedule(steps, interval, window)``: SGLang 0.5.23's
+loop (``sglang/srt/eplb/``, ``turbospark.rebalance.sglang_policy`` for the
+policy and the dispatch it installs):
+
+* ``eplb_manager.py`` ``EPLBManager``: ``__init__`` (lines 30-70) asserts
+  ``eplb_rebalance_num_iterations >= expert_distribution_recorder_buffer_size``
+  and starts the recorder; ``_entrypoint`` (89-94) yields once per forward pass
+  (``on_forward_pass_end``, 72-73, called after every forward by
+  ``model_executor/model_runner.py`` ``forward``, 1896-1898) and runs
+  ``rebalance`` (96-185) at the end of pass I + 1, 2I + 1, ...: after 0-based
+  steps I, 2I, 3I, ...; the new map serves from the next step;
+* ``expert_distribution.py``: the recorder's ``_StatAccumulator`` (950-1035) keeps
+  each pass's physical-slot counts in a ``_CircularBuffer`` (1065-1080) of
+  ``--expert-distribution-recorder-buffer-size`` W rows; ``dump_record`` (362-366)
+  sums them to logical experts through the map served now and resets the buffer.
+  As W <= I, every window is the last W steps up to and including the
+  rearrangement's, all served by one map: its logical counts are the capture's;
+* dispatch: static (SGLang's default with DeepEP: ``arg_groups/parallel_hook.py``
+  766-777), each source rank sending all its tokens of an expert to one slot;
+  the trivial start's map is each rank's own (``placement.dispatch.static_slots``),
+  each rearrangement's the shared-generator map of ``sglang_policy.dispatch_layer``.
+  One capture does not say which rank a token came from: each expert's tokens
+  are taken as spread evenly over the G source ranks (as ``place --dispatch
+  static`` assumes for one capture). ``first_layer`` dense layers lead the map
+  (their rows' draws come first; a dense row's window is all zeros).
+
+Not modelled: ``--eplb-rebalance-layers-per-chunk`` (default off: all layers at
+once), the utilization threshold (default 1.0: always rebalance), the
+server's warm-up and other forwards before the capture's first step.
+
 The rearrangement policy is per layer (vLLM's operates row by row), so
 ``replay`` reads one layer at a time and runs every setting on it: memory is
 one layer's passes plus per-step (T,) sums and a (T, S) count array per
@@ -44,21 +74,24 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..placement import place
-from ..placement.dispatch import trivial_map
+from ..placement.dispatch import static_generators, static_layer, trivial_map
 from ..placement.migrate import align, rebalance
+from . import sglang_policy
 from .steps import Steps
 from .vllm_policy import hash_replica, logical_to_physical, rebalance_experts
 
-__all__ = ["ENGINES", "Replay", "Schedule", "Setting", "replay", "vllm_schedule"]
+__all__ = ["ENGINES", "Replay", "Schedule", "Setting", "replay", "sglang_schedule", "vllm_schedule"]
 
-ENGINES = ("vllm", "turbospark")
+ENGINES = ("vllm", "turbospark", "sglang")
 
 
 @dataclass(frozen=True)
 class Setting:
     """One configuration: ``engine`` (one of ``ENGINES``), ``redundant`` spare slots
-    (num_redundant_experts), ``window`` (window_size), ``interval`` (step_interval), ``max_moves``
-    (turbospark engine: at most M moved slots per layer per rearrangement; None: unbounded)."""
+    (num_redundant_experts; SGLang's ep_num_redundant_experts), ``window`` (window_size; SGLang's
+    expert_distribution_recorder_buffer_size), ``interval`` (step_interval; SGLang's
+    eplb_rebalance_num_iterations), ``max_moves`` (turbospark engine: at most M moved slots per layer
+    per rearrangement; None: unbounded)."""
 
     engine: str
     redundant: int
@@ -80,10 +113,15 @@ class Setting:
                              f"{num_experts + self.redundant} slots, not divisible by --gpus {gpus}")
         if self.max_moves is not None and (type(self.max_moves) is not int or self.max_moves < 0):
             raise ValueError(f"--max-moves must be 0 or more, got {self.max_moves!r}")
+        if self.engine == "sglang" and self.window > self.interval:
+            # EPLBManager.__init__ asserts it: a longer buffer would hold steps of the previous map.
+            raise ValueError(f"--window-size {self.window} (SGLang's --expert-distribution-recorder-buffer-size) "
+                             f"exceeds --step-interval {self.interval} (--eplb-rebalance-num-iterations): "
+                             "SGLang refuses it")
 
     def label(self) -> str:
         """A short name: ``vllm R=32 W=1000 I=3000`` (``M=8`` for the turbospark engine)."""
-        moves = "" if self.engine == "vllm" else f" M={'inf' if self.max_moves is None else self.max_moves}"
+        moves = "" if self.engine != "turbospark" else f" M={'inf' if self.max_moves is None else self.max_moves}"
         return f"{self.engine} R={self.redundant} W={self.window} I={self.interval}{moves}"
 
 
@@ -141,11 +179,24 @@ class Replay:
             return np.where(self.mean > 0, (self.busiest - self.mean) / np.where(self.mean > 0, self.mean, 1), np.nan)
 
 
+def sglang_schedule(total: int, interval: int, window: int) -> Schedule:
+    """SGLang 0.5.23's rearrangement steps and windows over ``total`` steps (module docstring): after steps
+    I, 2I, ..., each on the last W steps up to its own (W <= I)."""
+    steps = list(range(interval, total, interval))
+    return Schedule(steps, [np.arange(s - window + 1, s + 1, dtype=np.int64) for s in steps])
+
+
+def _schedule(setting: Setting, total: int) -> Schedule:
+    return (sglang_schedule if setting.engine == "sglang" else vllm_schedule)(total, setting.interval, setting.window)
+
+
 def replay(capture: Any, steps: Steps, gpus: int, settings: Sequence[Setting], *, groups: int = 1,
-           nodes: int = 1, keep_maps: bool = True) -> list[Replay]:
+           nodes: int = 1, first_layer: int = 0, keep_maps: bool = True) -> list[Replay]:
     """Replay every setting of ``settings`` over ``capture``'s traced passes cut into ``steps``, on G
-    ``gpus`` (``groups`` and ``nodes``: vLLM's num_expert_groups and node count). Dispatch is vLLM's
-    router (token index hash) for both engines. Returns one ``Replay`` per setting, in order.
+    ``gpus`` (``groups`` and ``nodes``: the model's expert groups, vLLM's num_expert_groups, and the node
+    count; ``first_layer``: the dense layers SGLang's map starts with). Dispatch is vLLM's router (token
+    index hash) for the vllm and turbospark engines, SGLang's static dispatch for sglang. Returns one
+    ``Replay`` per setting, in order.
 
     Raises ``ValueError`` naming the value for a setting that cannot run (``Setting.check``)."""
     experts = capture.num_experts
@@ -155,21 +206,31 @@ def replay(capture: Any, steps: Steps, gpus: int, settings: Sequence[Setting], *
         raise ValueError(f"--gpus {gpus} is not divisible by --nodes {nodes!r}")
     if type(groups) is not int or groups < 1:
         raise ValueError(f"--groups must be a positive integer, got {groups!r}")
+    if type(first_layer) is not int or first_layer < 0:
+        raise ValueError(f"--first-moe-layer must be 0 or more, got {first_layer!r}")
     total = steps.count
-    schedules = {(s.interval, s.window): None for s in settings}
-    plans = {key: vllm_schedule(total, *key) for key in schedules}
-    out = [Replay(s, experts + s.redundant, np.zeros(total), np.zeros(total), plans[(s.interval, s.window)].steps,
-                  np.zeros(len(plans[(s.interval, s.window)].steps), dtype=np.int64),
-                  [] if keep_maps else None) for s in settings]
+    plans = [_schedule(s, total) for s in settings]
+    out = [Replay(s, experts + s.redundant, np.zeros(total), np.zeros(total), plan.steps,
+                  np.zeros(len(plan.steps), dtype=np.int64), [] if keep_maps else None)
+           for s, plan in zip(settings, plans)]
+    lead = {r.slots: _SglangStart(r.slots, experts, gpus, groups, nodes, first_layer)
+            for r in out if r.setting.engine == "sglang"}
+    carried = [lead[r.slots].carried(len(r.steps)) if r.setting.engine == "sglang" else None for r in out]
     for layer in range(capture.num_layers):
         step, index = steps.layer(layer)
         ids = np.asarray(capture.trace[layer], dtype=np.int64)
         ids = ids[:, None] if ids.ndim == 1 else ids
         order = np.argsort(step, kind="stable")
         ids, step, index = ids[order], step[order], index[order]
-        for result in out:
-            rows = _replay_layer(ids, step, index, total, plans[(result.setting.interval, result.setting.window)],
-                                 result, experts, gpus, groups, nodes)
+        counts = None
+        for result, plan, state in zip(out, plans, carried):
+            if state is None:
+                rows = _replay_layer(ids, step, index, total, plan, result, experts, gpus, groups, nodes)
+            else:
+                if counts is None:  # what SGLang's policy and its even-spread dispatch read: per-step counts
+                    counts = np.bincount(np.repeat(step, ids.shape[1]) * experts + ids.ravel(),
+                                         minlength=total * experts).reshape(total, experts)
+                rows = _sglang_layer(counts, plan, result, state, experts, gpus, groups, nodes)
             if keep_maps:
                 result._rows.append(rows)
     if keep_maps:
@@ -177,6 +238,69 @@ def replay(capture: Any, steps: Steps, gpus: int, settings: Sequence[Setting], *
             result.maps = [np.stack([rows[k] for rows in result._rows]) for k in range(len(result.steps))]
             result._rows = []
     return out
+
+
+class _SglangStart:
+    """What every layer of an SGLang setting with ``slots`` slots starts from: the dense rows' map (the
+    policy on an all-zero window), through which each generator runs before the first MoE layer."""
+
+    def __init__(self, slots: int, experts: int, gpus: int, groups: int, nodes: int, first_layer: int) -> None:
+        self.slots, self.experts, self.gpus, self.nodes, self.first_layer = slots, experts, gpus, nodes, first_layer
+        self.dense = sglang_policy.rebalance_experts(np.zeros((1, experts), dtype=np.int64), slots,
+                                                     _groups(groups), nodes, gpus)[1][0]
+
+    def carried(self, rearrangements: int) -> "_SglangState":
+        """Fresh generators: each rank's for the trivial start, one per rearrangement, past the dense rows."""
+        shared = []
+        for _ in range(rearrangements):
+            rng = sglang_policy.generator()
+            for _ in range(self.first_layer):
+                sglang_policy.dispatch_layer(self.dense, self.slots, self.gpus, self.nodes, rng)
+            shared.append(rng)
+        return _SglangState(static_generators(self.gpus, self.experts, self.slots, self.nodes, self.first_layer),
+                            shared)
+
+
+@dataclass
+class _SglangState:
+    """The dispatch generators an SGLang setting carries from one layer to the next."""
+
+    ranks: list[Any]
+    shared: list[Any]
+
+
+def _groups(groups: int) -> Optional[int]:
+    # One group is no grouping (a model without n_group): SGLang's choice and maps are the same.
+    return groups if groups > 1 else None
+
+
+def _sglang_layer(counts: np.ndarray, plan: Schedule, result: Replay, state: _SglangState, experts: int,
+                  gpus: int, groups: int, nodes: int) -> list[np.ndarray]:
+    """One layer of one SGLang setting (module docstring): adds its per-step sums into ``result``; returns
+    its map at each rearrangement."""
+    slots, total = result.slots, counts.shape[0]
+    per_gpu = slots // gpus
+    served = trivial_map(1, experts, slots)[0]
+    dispatch = static_layer(served, experts, gpus, state.ranks, nodes)
+    bounds = [0] + [s + 1 for s in plan.steps] + [total]
+    loads = np.zeros((total, gpus), dtype=np.int64)
+    chosen = []
+    for k in range(len(bounds) - 1):
+        # Rank g sends counts / G of each expert to its slot: G x the GPU loads, in integers.
+        senders = np.zeros((experts, gpus), dtype=np.int64)
+        np.add.at(senders, (np.broadcast_to(np.arange(experts), dispatch.shape), dispatch // per_gpu), 1)
+        loads[bounds[k]:bounds[k + 1]] = counts[bounds[k]:bounds[k + 1]] @ senders
+        if k == len(bounds) - 2:
+            break
+        window = counts[plan.windows[k]].sum(axis=0)
+        phy2log, log2phy = sglang_policy.rebalance_experts(window[None, :], slots, _groups(groups), nodes, gpus)
+        result.moved[k] += int((phy2log[0] != served).sum())
+        served = phy2log[0]
+        dispatch = sglang_policy.dispatch_layer(log2phy[0], slots, gpus, nodes, state.shared[k])
+        chosen.append(served)
+    result.busiest += loads.max(axis=1) / gpus
+    result.mean += loads.sum(axis=1) / gpus / gpus
+    return chosen
 
 
 def _replay_layer(ids: np.ndarray, step: np.ndarray, index: np.ndarray, total: int, plan: Schedule,

@@ -15,19 +15,22 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from .replay import Setting
 
 __all__ = ["engine_flags", "grid", "pareto", "recommend"]
 
 
-def grid(engine: str, redundant: Sequence[int], windows: Sequence[int], intervals: Sequence[int],
+def grid(engine: str, redundant: Sequence[int], windows: Optional[Sequence[int]], intervals: Sequence[int],
          moves: Sequence[Optional[int]] = (None,)) -> list[Setting]:
-    """Every combination, in the order given (redundant slowest, moves fastest); the vLLM engine takes
-    no ``moves``."""
-    return [Setting(engine, r, w, i, None if engine == "vllm" else m)
-            for r, w, i, m in itertools.product(redundant, windows, intervals, moves if engine != "vllm" else (None,))]
+    """Every combination, in the order given (redundant slowest, moves fastest); only the turbospark engine
+    takes ``moves``. ``windows`` None: each interval's window is the interval itself (SGLang's default
+    recorder buffer)."""
+    own = engine == "turbospark"
+    return [Setting(engine, r, i if w is None else w, i, m if own else None)
+            for r, w, i, m in itertools.product(redundant, windows if windows is not None else (None,), intervals,
+                                                moves if own else (None,))]
 
 
 def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -48,15 +51,25 @@ def recommend(points: Sequence[tuple[float, float]], settings: Sequence[Setting]
     return min(front, key=lambda i: (points[i][1], settings[i].redundant, points[i][0], i))
 
 
-def engine_flags(setting: Setting, gpus: int, num_experts: int) -> str:
-    """What to give the engine for ``setting``: vLLM's flags with the exact ``--eplb-config`` JSON, or
-    for the turbospark engine the ``place`` command to run at each interval."""
+def engine_flags(setting: Setting, gpus: int, num_experts: int, nodes: int = 1) -> str:
+    """What to give the engine for ``setting``: vLLM's flags with the exact ``--eplb-config`` JSON, SGLang's
+    server flags (``nodes`` > 1 adds ``--nnodes``), or for the turbospark engine the ``place`` command to run
+    at each interval."""
     if setting.engine == "vllm":
         config = {"window_size": setting.window, "step_interval": setting.interval,
                   "num_redundant_experts": setting.redundant, "use_async": False}
         text = json.dumps(config, separators=(",", ":"))
         return (f"vllm serve MODEL --enable-expert-parallel --enable-eplb --eplb-config '{text}' "
                 f"(expert-parallel size {gpus}: tensor x data parallel = {gpus})")
+    if setting.engine == "sglang":
+        # Under DeepEP SGLang sets ep_size to tp_size: --tp-size G is what makes the EP size G.
+        multi = f" --nnodes {nodes}" if nodes > 1 else ""
+        return (f"python -m sglang.launch_server --model-path MODEL --tp-size {gpus} --ep-size {gpus} "
+                f"--moe-a2a-backend deepep --ep-dispatch-algorithm static --enable-eplb "
+                f"--ep-num-redundant-experts {setting.redundant} --eplb-rebalance-num-iterations {setting.interval} "
+                f"--expert-distribution-recorder-buffer-size {setting.window}{multi} "
+                f"(expert-parallel size {gpus}; static dispatch, SGLang's default with DeepEP"
+                + ("; each node adds --node-rank, --dist-init-addr)" if nodes > 1 else ")"))
     moves = "" if setting.max_moves is None else f" --max-moves {setting.max_moves}"
     return (f"every {setting.interval} steps, on the last {setting.window} steps' counts: turbospark place "
             f"WINDOW --gpus {gpus} --slots {num_experts + setting.redundant} --from SERVED{moves} (not an engine flag: a patched rebalancer)")

@@ -36,8 +36,8 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["KNUTH_MULTIPLIER", "balanced_packing", "hash_replica", "logical_to_physical", "preserve_slots",
-           "rebalance_experts", "replicate"]
+__all__ = ["KNUTH_MULTIPLIER", "balanced_packing", "check_geometry", "hash_replica", "logical_to_physical",
+           "preserve_slots", "rebalance_experts", "replicate"]
 
 KNUTH_MULTIPLIER = 2654435769  # base_router.py: floor(2^32 / phi)
 
@@ -137,6 +137,18 @@ def preserve_slots(new: np.ndarray, gpus: int, old: np.ndarray) -> np.ndarray:
     return out
 
 
+def check_geometry(experts: int, slots: int, gpus: int, nodes: int, groups: int = 1) -> None:
+    """Raises ``ValueError`` for what the engines' EPLB policies assert: ``slots`` below E or not a multiple
+    of ``gpus``, ``gpus`` not a multiple of ``nodes``, E not a multiple of ``groups``."""
+    if slots < experts or slots % gpus:
+        raise ValueError(f"{slots} slots for {experts} experts on {gpus} GPUs: need at least one slot per "
+                         "expert and the same number per GPU")
+    if gpus % nodes:
+        raise ValueError(f"{gpus} GPUs do not split over {nodes} nodes")
+    if experts % groups:
+        raise ValueError(f"{experts} experts do not split into {groups} expert groups")
+
+
 def rebalance_experts(weight: np.ndarray, slots: int, groups: int, nodes: int, gpus: int,
                       old: Optional[np.ndarray] = None) -> np.ndarray:
     """(L, ``slots``) int64 physical_to_logical_map vLLM 0.33's ``DefaultEplbPolicy.rebalance_experts``
@@ -147,17 +159,12 @@ def rebalance_experts(weight: np.ndarray, slots: int, groups: int, nodes: int, g
     multiple of ``nodes``, or E not a multiple of ``groups`` where the hierarchical policy runs (vLLM
     asserts these)."""
     weight = np.asarray(weight).astype(np.float32)
-    layers, experts = weight.shape
-    if slots < experts or slots % gpus:
-        raise ValueError(f"{slots} slots for {experts} experts on {gpus} GPUs: need at least one slot per "
-                         "expert and the same number per GPU")
-    if gpus % nodes:
-        raise ValueError(f"{gpus} GPUs do not split over {nodes} nodes")
+    experts = weight.shape[1]
     if groups % nodes == 0:
-        if experts % groups:
-            raise ValueError(f"{experts} experts do not split into {groups} expert groups")
+        check_geometry(experts, slots, gpus, nodes, groups)
         chosen = _hierarchical(weight, slots, groups, nodes, gpus)
     else:
+        check_geometry(experts, slots, gpus, nodes)
         chosen = _hierarchical(weight, slots, 1, 1, gpus)
     if old is not None:
         chosen = preserve_slots(chosen, gpus, np.asarray(old, dtype=np.int64))
