@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
+
+import pytest
 
 from readme_blocks import block_after, sh
 
@@ -20,3 +23,14 @@ def test_worked_example_prints_what_the_page_shows(tmp_path: Path, shell: dict[s
     first = chosen["rearrangements"][0]
     assert first["step"] == 6 and len(first["physical_to_logical_map"]) == 8
     assert all(len(row) == 80 for row in first["physical_to_logical_map"])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="OpenBLAS's x86 kernel names")
+def test_the_rebalancer_does_not_follow_the_blas_kernel(tmp_path: Path, shell: dict[str, str]) -> None:
+    """The page's turbospark sweep prints the same under two of OpenBLAS's kernels (numpy's wheels pick one
+    by CPU): its loads are summed in a fixed order, not by a matmul whose order is the kernel's (on this
+    capture the two kernels once chose different moves)."""
+    lines = [line for line in block_after("test: rebalance-example").splitlines() if line.strip()]
+    sh(lines[0], shell, tmp_path)
+    printed = [sh(f"OPENBLAS_CORETYPE={kernel} {lines[2]}", shell, tmp_path) for kernel in ("Haswell", "Prescott")]
+    assert printed[0] == printed[1] == block_after("test: rebalance-turbospark-output")

@@ -115,7 +115,9 @@ def _local_search(row: np.ndarray, weight: np.ndarray, gpus: int, budget: int) -
         np.add.at(held, (row, gpu_of), 1.0)
         replicas = held.sum(axis=1)
         share = weight / replicas
-        loads = held.T @ share
+        # Summed slot by slot, in slot order: a float matmul's order (and so a near tie between two
+        # moves) would follow the machine's BLAS kernel.
+        loads = np.bincount(gpu_of, weights=share[row], minlength=gpus)
         a = int(np.argmax(loads))
         top = loads[a]
         best: Optional[tuple[float, int, tuple[int, ...]]] = None  # (gain per move, cost, change)

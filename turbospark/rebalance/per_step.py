@@ -107,10 +107,12 @@ class LayerDispatch:
         if self.model == "static":
             assert self._rngs is not None
             target = static_layer(row, experts, gpus, self._rngs, self.nodes) // per_gpu  # (G source, E)
-            share = np.zeros((experts, gpus))
-            np.add.at(share, (np.tile(np.arange(experts), gpus), target.ravel()), 1.0 / gpus)
+            # Source rank g sends 1/G of each expert's tokens to its target: summed in integers (G x the
+            # loads), as a float matmul's order would follow the machine's BLAS kernel.
+            senders = np.zeros((experts, gpus), dtype=np.int64)
+            np.add.at(senders, (np.tile(np.arange(experts), gpus), target.ravel()), 1)
             counts = np.bincount((step[:, None] * experts + ids).ravel(), minlength=steps * experts)
-            return counts.reshape(steps, experts).astype(np.float64) @ share
+            return (counts.reshape(steps, experts).astype(np.int64) @ senders) / gpus
         if self.model == "vllm":
             table, replicas = logical_to_physical(row[None, :], experts)
             replica = hash_replica(np.repeat(index, width), replicas[0][ids.ravel()])
