@@ -62,7 +62,7 @@ import numpy as np
 
 __all__ = ["DISPATCH", "Routing", "StaticPlan", "dispatch_loads", "gpu_loads", "known_loads", "layer_stats",
            "replica_counts", "round_robin_note", "routing", "source_counts", "static_generators", "static_layer",
-           "static_layer_loads", "static_plan", "static_slots", "trivial_map", "trtllm_block"]
+           "static_layer_loads", "static_plan", "static_senders", "static_slots", "trivial_map", "trtllm_block"]
 
 DISPATCH = ("even", "static", "round-robin")
 
@@ -310,6 +310,16 @@ def static_layer_loads(row: np.ndarray, sent: np.ndarray, gpus: int, rngs: Seque
     """(G,) tokens each GPU receives at one layer under static dispatch; ``sent`` (G source, E)."""
     target = static_layer(row, sent.shape[1], gpus, rngs, nodes) // (row.shape[0] // gpus)
     return np.bincount(target.ravel(), weights=sent.ravel(), minlength=gpus)
+
+
+def static_senders(target: np.ndarray, gpus: int) -> np.ndarray:
+    """(E, G) int64: how many of the G source ranks send expert e's tokens to GPU g, from the (G, E) GPU
+    each rank's static dispatch sends each expert to. With each expert's tokens spread evenly over the
+    ranks, ``counts @ static_senders(...)`` is G x the GPU loads, exactly (in integers: a float matmul's
+    order would follow the machine's BLAS kernel)."""
+    senders = np.zeros((target.shape[1], gpus), dtype=np.int64)
+    np.add.at(senders, (np.broadcast_to(np.arange(target.shape[1]), target.shape), target), 1)
+    return senders
 
 
 def source_counts(flow: "Routing", gpus: int) -> np.ndarray:

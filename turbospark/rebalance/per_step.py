@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..placement.dispatch import _slot_order, static_generators, static_layer, trtllm_block
+from ..placement.dispatch import _slot_order, static_generators, static_layer, static_senders, trtllm_block
 from ..placement.dispatch import gpu_loads, replica_counts
 from .steps import Steps
 from .vllm_policy import hash_replica, logical_to_physical
@@ -107,12 +107,8 @@ class LayerDispatch:
         if self.model == "static":
             assert self._rngs is not None
             target = static_layer(row, experts, gpus, self._rngs, self.nodes) // per_gpu  # (G source, E)
-            # Source rank g sends 1/G of each expert's tokens to its target: summed in integers (G x the
-            # loads), as a float matmul's order would follow the machine's BLAS kernel.
-            senders = np.zeros((experts, gpus), dtype=np.int64)
-            np.add.at(senders, (np.tile(np.arange(experts), gpus), target.ravel()), 1)
             counts = np.bincount((step[:, None] * experts + ids).ravel(), minlength=steps * experts)
-            return (counts.reshape(steps, experts).astype(np.int64) @ senders) / gpus
+            return (counts.reshape(steps, experts).astype(np.int64) @ static_senders(target, gpus)) / gpus
         if self.model == "vllm":
             table, replicas = logical_to_physical(row[None, :], experts)
             replica = hash_replica(np.repeat(index, width), replicas[0][ids.ravel()])

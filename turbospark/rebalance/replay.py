@@ -74,7 +74,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..placement import place
-from ..placement.dispatch import static_generators, static_layer, trivial_map
+from ..placement.dispatch import static_generators, static_layer, static_senders, trivial_map
 from ..placement.migrate import align, rebalance
 from . import sglang_policy
 from .steps import Steps
@@ -287,9 +287,7 @@ def _sglang_layer(counts: np.ndarray, plan: Schedule, result: Replay, state: _Sg
     chosen = []
     for k in range(len(bounds) - 1):
         # Rank g sends counts / G of each expert to its slot: G x the GPU loads, in integers.
-        senders = np.zeros((experts, gpus), dtype=np.int64)
-        np.add.at(senders, (np.broadcast_to(np.arange(experts), dispatch.shape), dispatch // per_gpu), 1)
-        loads[bounds[k]:bounds[k + 1]] = counts[bounds[k]:bounds[k + 1]] @ senders
+        loads[bounds[k]:bounds[k + 1]] = counts[bounds[k]:bounds[k + 1]] @ static_senders(dispatch // per_gpu, gpus)
         if k == len(bounds) - 2:
             break
         window = counts[plan.windows[k]].sum(axis=0)
