@@ -71,7 +71,7 @@ def balanced_packing(weight: np.ndarray, num_packs: int, labels: np.ndarray | No
     # pack's weight becomes inf, so the lightest pack with room is a plain
     # argmin (first minimum, as Python's min). Real weights of full packs
     # are never read again.
-    pack_weight = np.zeros((rows, num_packs), dtype=accumulate)
+    pack_weight: np.ndarray = np.zeros((rows, num_packs), dtype=accumulate)
     flat_weight = pack_weight.reshape(-1)
     filled = np.zeros(rows * num_packs, dtype=np.int64)
     base = np.arange(rows) * num_packs
