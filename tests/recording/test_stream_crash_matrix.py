@@ -174,13 +174,13 @@ def _check(path: Path, rows: list[np.ndarray], seqs: list[Optional[np.ndarray]],
         assert stated[layer] <= rows[layer].shape[0]
         assert doc["counts"][layer] == np.bincount(rows[layer][:stated[layer]].ravel(), minlength=EXPERTS).tolist()
         missing = [list(r) for r in capture.stream.missing[layer]]
-        # Of the rows the JSON covers, every one missing from disk is one it says lost: none it counts
-        # is silently off disk. (Not the converse: on the pure core, once in CI under load, a kill after a
-        # failed append left rows the JSON calls lost on disk after all; the load then has them, which
-        # is this check's direction. Issue 25's note records it as open.)
+        # Of the rows the JSON covers, exactly those it says lost are missing from disk: none it counts
+        # is silently off disk, and it says lost no row it does not count (a later take's, whose append
+        # failed while this summary's flush waited for it) nor one the disk holds.
         covered = {i for a, b in missing if a < stated[layer] for i in range(a, min(b, stated[layer]))}
         said = {i for a, b in lost[layer] for i in range(a, b)}
-        assert covered <= said, (sorted(covered - said), lost[layer])
+        assert all(b <= stated[layer] for _, b in lost[layer]), (lost[layer], stated[layer])
+        assert covered == said, (sorted(covered ^ said), lost[layer])
         got = capture.trace[layer]
         end = got.shape[0] + sum(b - a for a, b in missing)
         assert end >= stated[layer]  # any rows beyond the JSON are recovered ones

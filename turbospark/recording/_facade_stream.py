@@ -82,15 +82,20 @@ class Streaming(CoreBase):
         # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
         # taken after this one may already be on disk too; the reader recovers it.
         passes = [first + _stream.rows_in(trace, width) for first, trace, _, _, _, _ in rows]
+        predictions = [first + _stream.rows_in(pred, width) for _, _, pred, _, _, first in rows]
         stream = (f',"stream":{{"format":{_stream_format.VERSION},"run":"{self._stream.run.hex()}",'
                   f'"file":"{_json_name(self._stream.path)}",'
                   f'"bytes":{written.size},"passes":{_ints(passes)}')
         if self.pilot_enabled():
-            predictions = [first + _stream.rows_in(pred, width) for _, _, pred, _, _, first in rows]
             stream += f',"predictions":{_ints(predictions)}'
-        if any(written.lost_passes) or any(written.lost_predictions):
-            stream += f',"lost_passes":{_ints(written.lost_passes)},"lost_predictions":{_ints(written.lost_predictions)}'
-            stream += f',"lost_rows":{_ranges(written.lost_rows)},"lost_prediction_rows":{_ranges(written.lost_prediction_rows)}'
+        # The flush also waited for chunks other threads took after this take; the rows those lost are
+        # beyond the passes this summary counts: a later summary says them, this one must not.
+        lost_rows = [_within(ranges, stop) for ranges, stop in zip(written.lost_rows, passes)]
+        lost_preds = [_within(ranges, stop) for ranges, stop in zip(written.lost_prediction_rows, predictions)]
+        lost_passes, lost_predictions = _sizes(lost_rows), _sizes(lost_preds)
+        if any(lost_passes) or any(lost_predictions):
+            stream += f',"lost_passes":{_ints(lost_passes)},"lost_predictions":{_ints(lost_predictions)}'
+            stream += f',"lost_rows":{_ranges(lost_rows)},"lost_prediction_rows":{_ranges(lost_preds)}'
         self._serial_here.value = serial
         marks = step_passes_key(self._step_marks)
         return head + stream.encode("ascii") + b"}" + logits_tail(logits) + marks + b"}", serial
@@ -119,6 +124,15 @@ def logits_tail(capture: Any) -> bytes:
 
 def _ints(values: list[int]) -> str:
     return "[" + ",".join(map(str, values)) + "]"
+
+
+def _within(ranges: list[tuple[int, int]], stop: int) -> list[tuple[int, int]]:
+    """The parts of the ``[first, stop)`` ``ranges`` before row ``stop``."""
+    return [(first, min(end, stop)) for first, end in ranges if first < stop]
+
+
+def _sizes(per_layer: list[list[tuple[int, int]]]) -> list[int]:
+    return [sum(end - first for first, end in ranges) for ranges in per_layer]
 
 
 def _ranges(per_layer: list[list[tuple[int, int]]]) -> str:
