@@ -12,9 +12,11 @@ The capture's JSON then ends with (before the vLLM plugin's ``requests``)::
 
 where ``n_t`` is the passes layer l routed in step t (the same T for every
 layer; 0 where the layer routed nothing). A layer's passes after the last
-mark are one more, open step. The key is written both in memory and in a
-streamed capture's summary (its JSON), so it is streamed like the summary's
-``passes`` and read back by ``turbospark.load`` as ``Capture.step_passes``
+mark are one more, open step. A streamed capture (trace="stream") has no
+such key: its marks go to the sidecar with its rows, as kind 2 frames of
+per-step counts (docs/stream.md), and its JSON's ``"stream"`` member says how
+many steps it covers (``"steps"``), so a run of days keeps O(layers) of them
+in memory. Either is read back by ``turbospark.load`` as ``Capture.step_passes``
 ((L, T) int64); ``steps_of`` turns it into each pass's step. A capture
 without the key has no recorded steps (tools form them from ``--batch``).
 Under ``trace_cap`` the counts cover every pass; a layer's trace keeps its
@@ -24,37 +26,78 @@ first passes, so their steps are the first entries of ``steps_of``.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["StepMarks", "read_step_passes", "step_passes_key", "steps_of"]
+__all__ = ["StepMarks", "StepsChunk", "read_step_passes", "step_passes_key", "steps_of"]
 
 
 class StepMarks:
-    """Per-layer pass counts at each ``mark`` (cumulative), under a lock (marks may come from any thread)."""
+    """Per-layer pass counts at each ``mark`` (cumulative), under a lock (marks may come from any thread).
+
+    In memory every mark is kept (the JSON's ``step_passes`` holds them all). A
+    streamed recorder hands its marks to the sidecar with its rows (``take_into``):
+    then only the marks not yet handed over are kept, so memory stays O(layers)
+    however many steps a run of days marks.
+    """
 
     def __init__(self, num_layers: int) -> None:
         self._layers = num_layers
         self._marks: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self._taken = 0  # marks handed to a stream writer, and the last one's counts
+        self._last = np.zeros(num_layers, dtype=np.int64)
 
     def mark(self, passes: np.ndarray) -> int:
         """Close a step at the (L,) cumulative ``passes``; returns the number of marked steps."""
         now = np.asarray(passes, dtype=np.int64).copy()
         with self._lock:
-            if self._marks and (now < self._marks[-1]).any():
+            if (now < (self._marks[-1] if self._marks else self._last)).any():
                 raise RuntimeError("the recorder's pass counts went down between two steps")
             self._marks.append(now)
-            return len(self._marks)
+            return self._taken + len(self._marks)
 
     def per_step(self) -> Optional[np.ndarray]:
-        """(L, T) int64 passes per layer per marked step, or None before the first mark."""
+        """(L, T) int64 passes per layer per marked step, or None before the first mark (in memory only)."""
         with self._lock:
             if not self._marks:
                 return None
             cumulative = np.stack(self._marks, axis=1)
         return np.diff(cumulative, axis=1, prepend=0)
+
+    @property
+    def handed(self) -> int:
+        """The marks handed to a stream writer so far (``take_into``)."""
+        with self._lock:
+            return self._taken
+
+    def take_into(self, ends: Sequence[int], inbox: Optional[list[Any]]) -> int:
+        """Hand the marks whose passes are all within ``ends`` (per layer, the rows taken so far) to ``inbox``
+        as one ``StepsChunk``, in the same step that forgets them (no other thread sees them in neither);
+        returns how many steps have been handed over in all. ``inbox`` None (a forked child) drops them.
+        Marks are kept in order, so the marks handed over are always the first ones."""
+        limit = np.asarray(ends, dtype=np.int64)
+        with self._lock:
+            n = 0
+            while n < len(self._marks) and (self._marks[n] <= limit).all():
+                n += 1
+            if n:
+                cumulative = np.stack(self._marks[:n])
+                counts = np.diff(cumulative, axis=0, prepend=self._last[None, :])
+                if inbox is not None:
+                    inbox.append(StepsChunk(self._taken, counts))
+                self._last = cumulative[-1]
+                self._taken += n
+                del self._marks[:n]
+            return self._taken
+
+
+class StepsChunk(NamedTuple):
+    """Marked steps on their way to the sidecar: the first one's index and (steps, L) passes per step."""
+
+    first: int
+    counts: np.ndarray
 
 
 def step_passes_key(marks: Optional[StepMarks]) -> bytes:

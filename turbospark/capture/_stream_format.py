@@ -18,7 +18,7 @@ All integers are little-endian. The file is a 64-byte header, then frames::
 
     frame (40-byte header, then the payload, padded to a multiple of 8 bytes)
       0  4  magic b"TSFR"
-      4  1  kind: 0 passes, 1 predictions
+      4  1  kind: 0 passes, 1 predictions, 2 engine steps
       5  1  flags: bit 0 = the passes carry seq/phase tags
       6  2  reserved (0)
       8  4  layer
@@ -29,6 +29,8 @@ All integers are little-endian. The file is a 64-byte header, then frames::
      32  4  payload size in bytes (a multiple of 8)
      36  4  CRC-32 of bytes 0..35 and the payload
     payload, kind 0 with tags: seq (rows x int64), then ids (rows x width), then phase (rows x uint8)
+    payload, kind 2: rows marked steps x width (= num_layers) uint32, the passes each layer routed in
+        each step; layer 0; first = the index of the frame's first step
     payload, otherwise: ids (rows x width)
 
 The sequence ids come first so that they stay 8-byte aligned for a memory map.
@@ -52,6 +54,9 @@ HEADER_SIZE = 64
 FRAME_HEADER_SIZE = 40
 PASSES = 0
 PREDICTIONS = 1
+#: Engine steps (``mark_step``): readers before this kind stop at such a frame and report the rest dropped.
+STEPS = 2
+STEP_DTYPE = np.dtype("<u4")
 TAGGED = 1
 SUFFIX = ".trace"
 
@@ -117,6 +122,13 @@ def unpack_header(data: bytes) -> Header:
     if width not in (1, 2, 4) or width != id_bytes(experts):
         raise ValueError(f"id width {width} bytes does not fit num_experts={experts}")
     return Header(width, layers, experts, run)
+
+
+def payload_size(kind: int, rows: int, width: int, id_bytes: int, tagged: bool) -> int:
+    """The payload bytes of a frame of ``kind`` with ``rows`` x ``width`` values (padded)."""
+    if kind == STEPS:
+        return padded(rows * width * STEP_DTYPE.itemsize)
+    return padded(rows * width * id_bytes + (9 * rows if tagged else 0))
 
 
 def padded(size: int) -> int:

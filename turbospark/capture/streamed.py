@@ -233,6 +233,7 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
     _check_run(path, stream.get("run"), sidecar, header.run)
     dtype = fmt.id_dtype(header.id_bytes)
     found: list[list[list[tuple[int, _Segment]]]] = [[[] for _ in range(num_layers)] for _ in range(2)]
+    step_frames: list[tuple[int, int, int]] = []  # (first step, steps, payload offset): kind 2 frames
     width = top_k
     offset, frames, trusted = fmt.HEADER_SIZE, 0, stream["bytes"]
     can_release = bool(file_size) and hasattr(mmap, "MADV_DONTNEED")
@@ -249,17 +250,23 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
             break
         end = offset + fmt.FRAME_HEADER_SIZE + frame.payload_size
         tagged = bool(frame.flags & fmt.TAGGED)
-        expected = fmt.padded(frame.rows * frame.width * header.id_bytes + (9 * frame.rows if tagged else 0))
-        if (end > file_size or frame.kind not in (fmt.PASSES, fmt.PREDICTIONS) or frame.layer >= num_layers
-                or frame.payload_size != expected or frame.width == 0 or (width and frame.width != width)
-                or (tagged and frame.kind != fmt.PASSES)):
+        expected = fmt.payload_size(frame.kind, frame.rows, frame.width, header.id_bytes, tagged)
+        steps = frame.kind == fmt.STEPS
+        if (end > file_size or frame.kind not in (fmt.PASSES, fmt.PREDICTIONS, fmt.STEPS)
+                or frame.layer >= num_layers or frame.payload_size != expected or frame.width == 0
+                or (steps and (frame.width != num_layers or frame.layer or frame.flags))
+                or (not steps and width and frame.width != width) or (tagged and frame.kind != fmt.PASSES)):
             break
         if (verify or end > trusted) and fmt.frame_crc(data, offset, frame.payload_size) != frame.crc:
             break
+        frames += 1
+        if steps:
+            step_frames.append((frame.first, frame.rows, offset + fmt.FRAME_HEADER_SIZE))
+            offset = end
+            continue
         width = frame.width
         found[frame.kind][frame.layer].append((frame.first, _Segment(offset + fmt.FRAME_HEADER_SIZE, frame.rows,
                                                                      tagged, first=frame.first)))
-        frames += 1
         offset = end
     if can_release:
         data.madvise(mmap.MADV_DONTNEED)
@@ -309,6 +316,9 @@ def load_streamed(path: str, fields: dict[str, Any], base: Any, *, verify: bool 
                           lambda layer, lo, hi: check.phase(layer, _tags(file, passes[layer], header.id_bytes, width,
                                                                          1, lo, hi)),
                           on_disk.tolist(), release)
+    step_passes = _step_passes(sidecar, data, step_frames, stream, np.maximum(ends, stated), num_layers)
+    if step_passes is not None or "steps" in stream:
+        base = dataclasses.replace(base, step_passes=step_passes)
     counts = base.counts
     stale = np.flatnonzero((on_disk != stated) | (missing > 0)
                            | np.array([bool(holes) for holes in gaps], dtype=bool)).tolist()
@@ -404,6 +414,40 @@ def _check_run(path: str, run: Optional[str], sidecar: str, header_run: bytes) -
         raise ValueError(f"{sidecar} is run {named(found)}, but {path} is run {named(run)}: the JSON and the "
                          "sidecar are two runs' files (a new recording at this path replaced one of them), and "
                          "read together they would mix two runs")
+
+
+def _step_passes(sidecar: str, data: Any, frames: list[tuple[int, int, int]], stream: dict[str, Any],
+                 ends: np.ndarray, num_layers: int) -> Optional[np.ndarray]:
+    """The capture's engine steps from the sidecar's kind 2 frames: (L, T) int64, or None without marks.
+
+    The steps run from step 0 through every whole frame that follows on (the
+    summary's ``steps`` and any recovered after it), cut where a step would
+    hold a pass beyond the layer's rows ``ends`` (the summary's, or the last on
+    disk beyond them). When steps the summary counts are missing (a
+    failed write, or cut off the file) the capture's steps cannot be placed:
+    None, with a warning, and the tools form steps as ``--batch`` does.
+    """
+    stated = stream.get("steps")
+    if stated is not None and (type(stated) is not int or stated < 0):
+        raise ValueError(f"stream.steps must be a non-negative integer, got {stated!r}")
+    if not frames and stated is None:
+        return None
+    parts, next_step = [], 0
+    for first, rows, offset in sorted(frames):
+        if first != next_step:
+            break  # a gap (or a damaged frame's index): no later step can be placed
+        parts.append(np.frombuffer(data, dtype=fmt.STEP_DTYPE, count=rows * num_layers, offset=offset)
+                     .reshape(rows, num_layers).astype(np.int64))
+        next_step = first + rows
+    if stated is not None and next_step < stated:
+        warnings.warn(f"{sidecar}: engine steps {next_step} to {stated} that its summary counts are not in the "
+                      "file (a failed write, or cut off); the capture's steps are unknown", RuntimeWarning,
+                      stacklevel=4)
+        return None
+    per_step = np.concatenate(parts).T if parts else np.zeros((num_layers, 0), dtype=np.int64)
+    within = (np.cumsum(per_step, axis=1) <= ends[:, None]).all(axis=0)
+    keep = int(within.sum()) if within.all() else int(np.argmin(within))
+    return np.ascontiguousarray(per_step[:, :keep])
 
 
 def _ordered(found: list[list[tuple[int, _Segment]]]) -> tuple[list[list[_Segment]], int]:

@@ -20,7 +20,7 @@ from ..capture import _stream_format
 from .._atomic import describe_os_error
 from ._backend import CoreBase
 from ..capture._f32display import logits_member
-from ..capture._steps import StepMarks, step_passes_key
+from ..capture._steps import StepMarks
 from ._types import Taken
 
 
@@ -57,12 +57,22 @@ class Streaming(CoreBase):
         stream = self._stream
         if stream is None or os.getpid() != self._owner_pid:
             # A forked child's copy drops them: it never writes its parent's files, and stays bounded.
-            return self._take_chunk(None)
+            taken = self._take_chunk(None)
+            self._hand_over_steps(taken, None)
+            return taken
         stream.wait_for_room()
         with _held.Stretch(interrupts=True):
             taken = self._take_chunk(stream.inbox)
+            self._hand_over_steps(taken, stream.inbox)
         stream.notify()
         return taken
+
+    def _hand_over_steps(self, taken: Taken, inbox: Optional[list[Any]]) -> None:
+        """The marked steps the taken rows complete, after them into ``inbox`` (None: dropped)."""
+        marks = self._step_marks
+        if marks is not None:
+            width, rows = taken[1], taken[2]
+            marks.take_into([first + _stream.rows_in(trace, width) for first, trace, *_ in rows], inbox)
 
     def _streamed_document(self) -> tuple[bytes, int]:
         """A streamed capture's JSON, every row so far written to the sidecar and made durable first; and its serial.
@@ -77,6 +87,9 @@ class Streaming(CoreBase):
         if os.getpid() != self._owner_pid:
             raise RuntimeError(f"a forked child cannot write the streamed capture {self._path!r} of its parent")
         head, width, rows, logits, serial = self._hand_over()
+        # Every step handed over by now (this take's, and any a later take by another thread handed
+        # over) is in the queue: the flush writes it.
+        steps = self._step_marks.handed if self._step_marks is not None else 0
         # Every chunk queued before this one is written first (the queue is in take order).
         written = self._stream.flush()
         # What the counts in ``head`` cover: every row taken up to now. Another thread's chunk
@@ -96,9 +109,14 @@ class Streaming(CoreBase):
         if any(lost_passes) or any(lost_predictions):
             stream += f',"lost_passes":{_ints(lost_passes)},"lost_predictions":{_ints(lost_predictions)}'
             stream += f',"lost_rows":{_ranges(lost_rows)},"lost_prediction_rows":{_ranges(lost_preds)}'
+        if self._step_marks is not None:
+            # The marked steps are in the sidecar (kind 2 frames), as the rows are; the JSON says how many.
+            stream += f',"steps":{steps}'
+            lost_steps = _within(written.lost_steps, steps)
+            if lost_steps:
+                stream += ',"lost_steps":[' + ",".join(f"[{a},{b}]" for a, b in lost_steps) + "]"
         self._serial_here.value = serial
-        marks = step_passes_key(self._step_marks)
-        return head + stream.encode("ascii") + b"}" + logits_tail(logits) + marks + b"}", serial
+        return head + stream.encode("ascii") + b"}" + logits_tail(logits) + b"}", serial
 
     def _refuse_streamed(self, what: str) -> None:
         stream = getattr(self, "_stream", None)

@@ -28,7 +28,7 @@ import errno
 import os
 import threading
 from types import ModuleType
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -46,6 +46,7 @@ fcntl = _posix_locks()
 
 from . import _held, _lifecycle
 from ...capture import _stream_format as fmt
+from ...capture._steps import StepsChunk
 from ..._atomic import describe_os_error, fsync_directory
 from .._types import TakenRows
 
@@ -70,6 +71,7 @@ class Written(NamedTuple):
     lost_predictions: list[int]
     lost_rows: list[list[tuple[int, int]]] = []
     lost_prediction_rows: list[list[tuple[int, int]]] = []
+    lost_steps: list[tuple[int, int]] = []
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -175,10 +177,12 @@ class StreamWriter:
         self._lost_predictions = [0] * num_layers
         # The chunks taken but not yet written, oldest first: the core's take appends to it in the same
         # step that empties its buffers (_take_chunk(into)), so every row is always in one of the two.
-        self.inbox: list[tuple[int, list[TakenRows]]] = []
+        # Marked engine steps (capture._steps.StepsChunk) join it the same way (StepMarks.take_into).
+        self.inbox: list[Any] = []
         self._sync_error: Optional[OSError] = None
         self._lost_rows: list[list[tuple[int, int]]] = [[] for _ in range(num_layers)]
         self._lost_prediction_rows: list[list[tuple[int, int]]] = [[] for _ in range(num_layers)]
+        self._lost_steps: list[tuple[int, int]] = []
         self._cond = threading.Condition()
         self._busy = False
         self._stopping = False
@@ -218,7 +222,7 @@ class StreamWriter:
             self._lose_stranded()
             written = Written(self._size, list(self._passes), list(self._predictions), list(self._lost_passes),
                               list(self._lost_predictions), [_merged(r) for r in self._lost_rows],
-                              [_merged(r) for r in self._lost_prediction_rows])
+                              [_merged(r) for r in self._lost_prediction_rows], _merged(self._lost_steps))
             fd = self._fd
         if fd is not None:
             self._sync(fd)
@@ -254,8 +258,7 @@ class StreamWriter:
         """Chunks queued after the writer stopped (a take after close): counted as lost, never silently."""
         if not self._thread.is_alive():
             while self.inbox:
-                width, rows = self.inbox.pop(0)
-                self._lose(width, rows, "the trace's writer has stopped")
+                self._lose(self.inbox.pop(0), "the trace's writer has stopped")
 
     def _run(self) -> None:
         while True:
@@ -264,18 +267,23 @@ class StreamWriter:
                     self._cond.wait()
                 if not self.inbox:
                     return
-                width, rows = self.inbox.pop(0)
+                item = self.inbox.pop(0)
                 self._busy = True
                 self._cond.notify_all()
             try:
-                self._write_chunk(width, rows)
+                self._write_chunk(item)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _lose(self, width: int, rows: Sequence[TakenRows], why: str) -> None:
+    def _lose(self, item: Any, why: str) -> None:
         """Count a chunk that cannot be written as lost, and say why once per message."""
+        if isinstance(item, StepsChunk):
+            self._lost_steps.append((item.first, item.first + item.counts.shape[0]))
+            self._report(why, "those engine steps are said lost in the capture")
+            return
+        width, rows = item
         if not any(part for layer in rows for part in layer[1:3]):
             return
         for layer, (first, trace, pred, _, _, pred_first) in enumerate(rows):
@@ -286,18 +294,26 @@ class StreamWriter:
                 self._lost_rows[layer].append((first, first + passes))
             if predictions:
                 self._lost_prediction_rows[layer].append((pred_first, pred_first + predictions))
+        self._report(why)
+
+    def _report(self, why: str, then: str = "those passes are counted and said lost in the capture") -> None:
         message = f"[router-hist] FAILED streaming the trace to {self.path}: {why}"
         if message not in self._failures:
             self._failures.add(message)
-            _lifecycle.report(message + "; those passes are counted and said lost in the capture")
+            _lifecycle.report(f"{message}; {then}")
 
-    def _write_chunk(self, width: int, rows: Sequence[TakenRows]) -> None:
+    def _write_chunk(self, item: Any) -> None:
         try:
-            self._append_chunk(width, rows)
+            if isinstance(item, StepsChunk):
+                counts = item.counts.astype(fmt.STEP_DTYPE)
+                self._append(fmt.pack_frame(fmt.STEPS, 0, 0, counts.shape[0], counts.shape[1], item.first,
+                                            counts.tobytes()))
+            else:
+                self._append_chunk(*item)
         except OSError as exc:
-            self._lose(width, rows, describe_os_error(exc))
+            self._lose(item, describe_os_error(exc))
         except Exception as exc:  # noqa: BLE001 -- the thread must go on; the rows are counted
-            self._lose(width, rows, f"{type(exc).__name__}: {exc}")
+            self._lose(item, f"{type(exc).__name__}: {exc}")
 
     def _append_chunk(self, width: int, rows: Sequence[TakenRows]) -> None:
         frames = []
