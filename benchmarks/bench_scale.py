@@ -150,8 +150,9 @@ def _rank1(path: str) -> str:
     return path[: -len(".json")] + "-rank1.json"
 
 
-def _child(*args: str) -> dict[str, float]:
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args], check=True,
+def _child(*args: str, script: str = __file__) -> dict[str, float]:
+    """``script --child ARGS`` in a fresh interpreter (its peak memory its own); the JSON it prints."""
+    result = subprocess.run([sys.executable, os.path.abspath(script), "--child", *args], check=True,
                             stdout=subprocess.PIPE, text=True)
     return json.loads(result.stdout)
 
