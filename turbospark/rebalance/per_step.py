@@ -93,29 +93,39 @@ class LayerDispatch:
         self.model, self.gpus, self.experts, self.nodes = model, gpus, num_experts, nodes
         self._rngs = static_generators(gpus, num_experts, slots, nodes, first_layer) if model == "static" else None
 
+    #: Passes taken at a time: a piece's int64 temporaries stay a few MB however long the layer is (a whole
+    #: 2 M-pass top-8 layer at once made ~800 MB of them).
+    PIECE = 1 << 16
+
     def loads(self, row: np.ndarray, ids: np.ndarray, step: np.ndarray, index: np.ndarray, steps: int) -> np.ndarray:
         """(``steps``, G) float64: tokens each GPU receives in each step from ``ids`` (P, K), the passes of
         the layer whose (S,) map is ``row``; ``step`` and ``index`` (P,) as ``Steps.layer`` gives them."""
         gpus, experts = self.gpus, self.experts
         per_gpu = row.shape[0] // gpus
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = np.asarray(ids)
         ids = ids[:, None] if ids.ndim == 1 else ids
         width = ids.shape[1]
-        if self.model == "even":
-            counts = np.bincount((step[:, None] * experts + ids).ravel(), minlength=steps * experts)
-            return gpu_loads(row[None, :], counts.reshape(steps, 1, experts).astype(np.float64), gpus)[:, 0]
-        if self.model == "static":
-            assert self._rngs is not None
-            target = static_layer(row, experts, gpus, self._rngs, self.nodes) // per_gpu  # (G source, E)
-            counts = np.bincount((step[:, None] * experts + ids).ravel(), minlength=steps * experts)
-            return (counts.reshape(steps, experts).astype(np.int64) @ static_senders(target, gpus)) / gpus
+        if self.model == "round-robin":
+            return self._round_robin(row, ids.astype(np.int64), step, steps)
+        pieces = range(0, ids.shape[0], self.PIECE)
         if self.model == "vllm":
             table, replicas = logical_to_physical(row[None, :], experts)
-            replica = hash_replica(np.repeat(index, width), replicas[0][ids.ravel()])
-            gpu = table[0][ids.ravel(), replica] // per_gpu
-            return np.bincount(np.repeat(step, width) * gpus + gpu,
-                               minlength=steps * gpus).reshape(steps, gpus).astype(np.float64)
-        return self._round_robin(row, ids, step, steps)
+            sent = np.zeros(steps * gpus, dtype=np.int64)
+            for lo in pieces:
+                flat = ids[lo:lo + self.PIECE].astype(np.int64).ravel()
+                replica = hash_replica(np.repeat(index[lo:lo + self.PIECE], width), replicas[0][flat])
+                gpu = table[0][flat, replica] // per_gpu
+                sent += np.bincount(np.repeat(step[lo:lo + self.PIECE], width) * gpus + gpu, minlength=steps * gpus)
+            return sent.reshape(steps, gpus).astype(np.float64)
+        counts = np.zeros(steps * experts, dtype=np.int64)
+        for lo in pieces:
+            counts += np.bincount((step[lo:lo + self.PIECE, None] * experts + ids[lo:lo + self.PIECE]).ravel(),
+                                  minlength=steps * experts)
+        if self.model == "even":
+            return gpu_loads(row[None, :], counts.reshape(steps, 1, experts).astype(np.float64), gpus)[:, 0]
+        assert self._rngs is not None
+        target = static_layer(row, experts, gpus, self._rngs, self.nodes) // per_gpu  # (G source, E)
+        return (counts.reshape(steps, experts) @ static_senders(target, gpus)) / gpus
 
     def _round_robin(self, row: np.ndarray, ids: np.ndarray, step: np.ndarray, steps: int) -> np.ndarray:
         # One kernel call per step, its passes in recorder order; blocks of 1,024 ids restart each call

@@ -77,6 +77,7 @@ from ..placement import place
 from ..placement.dispatch import static_generators, static_layer, static_senders, trivial_map
 from ..placement.migrate import align, rebalance
 from . import sglang_policy
+from .per_step import LayerDispatch
 from .steps import Steps
 from .vllm_policy import hash_replica, logical_to_physical, rebalance_experts
 
@@ -218,18 +219,20 @@ def replay(capture: Any, steps: Steps, gpus: int, settings: Sequence[Setting], *
     carried = [lead[r.slots].carried(len(r.steps)) if r.setting.engine == "sglang" else None for r in out]
     for layer in range(capture.num_layers):
         step, index = steps.layer(layer)
-        ids = np.asarray(capture.trace[layer], dtype=np.int64)
+        # The ids in their own (narrow) dtype: an int64 copy of a 2 M-pass layer is 128 MB, and recorded
+        # steps come in order already (each pass's step is its mark's), so nothing is sorted or copied then.
+        ids = np.asarray(capture.trace[layer])
         ids = ids[:, None] if ids.ndim == 1 else ids
-        order = np.argsort(step, kind="stable")
-        ids, step, index = ids[order], step[order], index[order]
+        if step.shape[0] > 1 and (step[1:] < step[:-1]).any():
+            order = np.argsort(step, kind="stable")
+            ids, step, index = ids[order], step[order], index[order]
         counts = None
         for result, plan, state in zip(out, plans, carried):
             if state is None:
                 rows = _replay_layer(ids, step, index, total, plan, result, experts, gpus, groups, nodes)
             else:
                 if counts is None:  # what SGLang's policy and its even-spread dispatch read: per-step counts
-                    counts = np.bincount(np.repeat(step, ids.shape[1]) * experts + ids.ravel(),
-                                         minlength=total * experts).reshape(total, experts)
+                    counts = _step_counts(ids, step, total, experts)
                 rows = _sglang_layer(counts, plan, result, state, experts, gpus, groups, nodes)
             if keep_maps:
                 result._rows.append(rows)
@@ -301,6 +304,16 @@ def _sglang_layer(counts: np.ndarray, plan: Schedule, result: Replay, state: _Sg
     return chosen
 
 
+def _step_counts(ids: np.ndarray, step: np.ndarray, total: int, experts: int) -> np.ndarray:
+    """(T, E) int64: how many of the (P, K) ``ids`` each expert got in each step, a piece of passes at a time."""
+    counts = np.zeros(total * experts, dtype=np.int64)
+    for at in range(0, ids.shape[0], LayerDispatch.PIECE):
+        part = ids[at:at + LayerDispatch.PIECE]
+        counts += np.bincount((step[at:at + LayerDispatch.PIECE, None] * experts + part).ravel(),
+                              minlength=total * experts)
+    return counts.reshape(total, experts)
+
+
 def _replay_layer(ids: np.ndarray, step: np.ndarray, index: np.ndarray, total: int, plan: Schedule,
                   result: Replay, experts: int, gpus: int, groups: int, nodes: int) -> list[np.ndarray]:
     """One layer of one setting: adds its per-step sums into ``result``; returns its map at each rearrangement."""
@@ -316,13 +329,16 @@ def _replay_layer(ids: np.ndarray, step: np.ndarray, index: np.ndarray, total: i
         lo, hi = cut[k], cut[k + 1]
         if hi > lo:
             table, replicas = logical_to_physical(served[None, :], experts)
-            flat = ids[lo:hi].ravel()
-            replica = hash_replica(np.repeat(index[lo:hi], width), replicas[0][flat])
-            slot = table[0][flat, replica]
-            # Only the segment's steps: a bincount over all T steps per segment would be O(T x segments).
             first, last = bounds[k], bounds[k + 1]
-            physical[first:last] += np.bincount((np.repeat(step[lo:hi], width) - first) * slots + slot,
-                                                minlength=(last - first) * slots).reshape(last - first, slots)
+            # A piece of passes at a time (a segment is the whole layer when nothing is rearranged), and
+            # only the segment's steps: a bincount over all T steps per segment would be O(T x segments).
+            for at in range(lo, hi, LayerDispatch.PIECE):
+                end = min(hi, at + LayerDispatch.PIECE)
+                flat = ids[at:end].astype(np.int64).ravel()
+                replica = hash_replica(np.repeat(index[at:end], width), replicas[0][flat])
+                slot = table[0][flat, replica]
+                physical[first:last] += np.bincount((np.repeat(step[at:end], width) - first) * slots + slot,
+                                                    minlength=(last - first) * slots).reshape(last - first, slots)
         if k == len(bounds) - 2:
             break
         # Rearrangement k: the window's slot counts, attributed through the map served now.

@@ -73,6 +73,8 @@ class Steps:
 
 def token_index(step: np.ndarray) -> np.ndarray:
     """(P,) int64: each pass's position among the passes of its step, in recorder order."""
+    if not (step[1:] < step[:-1]).any():  # in step order already (recorded steps): no sort
+        return np.arange(step.shape[0], dtype=np.int64) - np.searchsorted(step, step, side="left")
     order = np.argsort(step, kind="stable")
     ordered = step[order]
     index = np.empty(step.shape[0], dtype=np.int64)
