@@ -8,6 +8,10 @@ list of batches, each a list of prompts as token-id lists, generated one
 ``{"request", "prompt", "output"}`` object per request, then deletes the
 engine (the plugin's capture is written by then: the test checks it).
 The capture settings come from the environment, as a user would set them.
+SPEC's ``scheduled`` (a path): where to write the token total of every step
+the scheduler made (``SchedulerOutput.total_num_scheduled_tokens``, in
+order), the engine steps the capture's ``step_passes`` must hold; only an
+in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) schedules here.
 
 Data-parallel ranks (vLLM's offline SPMD launch: one such child per rank,
 ``VLLM_DP_RANK`` etc. in the environment) must all keep their engines until
@@ -31,6 +35,18 @@ def main(spec_path: str) -> None:
         spec = json.load(handle)
     from vllm import LLM, SamplingParams
 
+    scheduled: list[int] = []
+    if "scheduled" in spec:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        schedule = Scheduler.schedule
+
+        def schedule_and_log(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            output = schedule(self, *args, **kwargs)
+            scheduled.append(int(output.total_num_scheduled_tokens))
+            return output
+
+        Scheduler.schedule = schedule_and_log
     engine = dict(skip_tokenizer_init=True, dtype="float32", max_model_len=512, kv_cache_memory_bytes=256 << 20, seed=0)
     engine.update(spec.get("engine", {}))
     llm = LLM(model=spec["model"], **engine)
@@ -43,6 +59,9 @@ def main(spec_path: str) -> None:
                             "output": list(out.outputs[0].token_ids)})
     with open(spec["out"], "w") as handle:
         json.dump(results, handle)
+    if "scheduled" in spec:
+        with open(spec["scheduled"], "w") as handle:
+            json.dump(scheduled, handle)
     if "done" in spec:
         open(spec["done"], "w").close()
     deadline = time.monotonic() + 120

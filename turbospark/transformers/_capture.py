@@ -7,6 +7,11 @@ Hooks, and what each one knows:
   sequence each row belongs to and whether the call is prompt or decode;
 - a forward hook on each router reads the chosen ids and records the kept
   rows of the block in one call;
+- a forward hook on the model closes the call's engine step: each forward
+  call of the model (a prompt, one chunk of a chunked prefill, one decode
+  step of ``generate``, a plain forward) that kept rows is one step
+  (``mark_step``, the capture's ``step_passes``); calls inside the model's
+  own forward (the decoder stack, its layers, the probe) are not steps;
 - with the pilot probe, a pre-hook on the pre-MoE norm of each routed layer
   takes that layer's post-attention residual and runs the target layer's norm
   and router on it through their ``forward`` methods, which fire no hooks.
@@ -43,6 +48,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import types
 import weakref
 from typing import Any, Iterator, Optional, Union
 
@@ -153,6 +159,10 @@ class _Session:
         self._seq_rows_cache: Optional[torch.Tensor] = None
         self.next_seq = 0
         self.seq_base = 0
+        # Whether the current forward call keeps rows (an all-padding call routes nothing: no step), and
+        # the router calls before it (a call whose routers never ran is no step either).
+        self.step_rows = False
+        self._fired_before_call = 0
 
     # ------------------------------------------------------------ installing
 
@@ -309,17 +319,22 @@ class _Session:
     # ------------------------------------------------------------ per call
 
     def _on_model_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._fired_before_call = sum(self.fired)
+        self.step_rows = self._set_rows(args, kwargs)
+
+    def _set_rows(self, args: tuple, kwargs: dict) -> bool:
+        """The call's kept rows, sequences and phase; returns whether it keeps any row (False: no step)."""
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
         if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
             self.mask, self.seq, self._fired_at_call = None, None, None
-            return
+            return True  # every row the routers see is kept
         batch, length = int(tokens.shape[0]), int(tokens.shape[1])
         self._fired_at_call = list(self.fired) if batch * length and not self.in_generate else None
         if self.in_generate and not self.prefilling:
             self._decode_step(batch, length)
-            return
+            return self.mask is None or bool(self.mask.any())
         decode = not self.in_generate and self._cache_holds_tokens(kwargs)
         # A chunked prefill's later chunks continue the prompts its first chunk started.
         continuing = self.prefilling and self.prefill_calls > 0
@@ -335,12 +350,17 @@ class _Session:
         flat = None if keep is None else keep.reshape(-1).cpu()
         self.mask = None if flat is None or bool(flat.all()) else flat
         self.seq = self._seq_rows(batch, length)
+        return batch * length > 0 and (self.mask is None or bool(self.mask.any()))
 
     def _after_model_call(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """A forward call of the model returned (not run when it raised)."""
         # A plain forward call (generate checks once, after it returns).
         before, self._fired_at_call = self._fired_at_call, None
         if before is not None:
             self._check_fired(before, f"a forward call of {type(self.model).__name__}")
+        if self.step_rows and sum(self.fired) > self._fired_before_call and not _called_inside_itself(self.model):
+            # Every router of the call has recorded its rows: they form one engine step.
+            self.sink.end_step()
 
     def _decode_step(self, batch: int, length: int) -> None:
         """A decode call of generate: only each row's newest token is new, and only for rows not finished.
@@ -529,6 +549,25 @@ def capture(
             recorder.discard()  # a router fired twice in one call: its passes are not one per token
         else:
             recorder.close()  # drains the sink's waiting blocks first
+
+
+_CALL = nn.Module._call_impl.__code__
+
+
+def _called_inside_itself(model: nn.Module) -> bool:
+    """Whether this forward call of ``model`` runs inside another of its calls (then the outer one is the step).
+
+    Read from the Python stack, not from a count kept by the hooks: a forward interrupted by an exception
+    (KeyboardInterrupt included) runs no hook after it, and a count would stay raised."""
+    calls = 0
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CALL and frame.f_locals.get("self") is model:
+            calls += 1
+            if calls > 1:
+                return True
+        frame = frame.f_back
+    return False
 
 
 def _decoder_stack(model: nn.Module, routing: Routing) -> nn.Module:

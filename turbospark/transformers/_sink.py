@@ -88,6 +88,11 @@ class Sink:
         if ids.shape[0]:
             self.recorder.record_many(layer, ids.numpy())
 
+    def end_step(self) -> None:
+        """Close one engine step (a forward call of the model) after its rows were recorded: ``mark_step``
+        reads each layer's pass count, staged device rows handed to the recorder first (a flush per step)."""
+        self.recorder.mark_step()
+
     def predictions(self, layer: int, ids: torch.Tensor, mask: Optional[torch.Tensor]) -> None:
         """Record the pilot's predictions for ``layer``, the rows ``mask`` keeps, aligned with ``selections``."""
         if self.staging is not None:

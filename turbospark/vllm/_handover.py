@@ -2,7 +2,11 @@
 
 Both hand-overs take ``step(total, tags, now)`` once per step, outside every
 compiled or captured region, and record exactly the same calls in the same
-order (the tests run the same engine both ways and compare the files).
+order (the tests run the same engine both ways and compare the files). Each
+closes the engine step with the recorder's ``mark_step`` right after that
+step's rows are recorded (the capture's ``step_passes``: one step per
+``execute_model`` that scheduled tokens), so a capture never holds a step's
+rows without its mark, whenever the rows are recorded.
 
 ``Direct`` (CPU workers, the default there): the static buffer lives in host
 memory, so the step's rows are read where they lie (numpy views) and
@@ -21,8 +25,9 @@ recorder (its drain: checkpoints, the idle write, the signal and exit
 writes). A flush copies the staged rows to pinned host memory on a side
 stream that waits on the last step's event (so it may run from any thread),
 waits for that copy (the one host sync, once per flush), and records the
-steps in order. A router that wrote too few rows is reported by the flush
-that reads its count.
+steps in order, marking each step's end as it records it (a mark reads the
+recorder's per-layer pass counts on the host, not the device). A router that
+wrote too few rows is reported by the flush that reads its count.
 """
 
 from __future__ import annotations
@@ -146,7 +151,8 @@ class Direct:
         self._rows[:] = self._reset
 
     def step(self, total: int, tags: StepTags, now: float) -> None:
-        """One ``min`` over the row counts (a ``max`` too on a DP rank), then one ``record_batch`` per layer and run.
+        """One ``min`` over the row counts (a ``max`` too on a DP rank), then one ``record_batch`` per layer and
+        run, then the step's ``mark_step``.
 
         The calls' arguments (views of the static buffer, the run's sequence
         ids) are built once per distinct layout and offset, and reused while
@@ -168,12 +174,14 @@ class Direct:
             self._calls = [(layer, block[offset + start:offset + stop], seq, phase)
                            for layer, block in self._blocks for start, stop, phase, seq in tags.pieces]
         record = self._recorder.record_batch
-        # A signal's write waits for the whole step (_signals.Held): never some layers' rows without the others'.
+        # A signal's write waits for the whole step (_signals.Held): never some layers' rows without the others',
+        # nor a step's rows without its mark.
         held = self._held
         held.depth += 1
         try:
             for layer, block, seq, phase in self._calls:
                 record(layer, block, seq=seq, phase=phase)
+            self._recorder.mark_step()
         finally:
             held.depth -= 1
             if held.pending and not held.depth:
@@ -324,6 +332,8 @@ class DeviceStaging:
         self._steps = []
         self._pos = 0
         record = self._recorder.record_batch
+        # The recorder's drain is this flush: the mark's drain finds it busy and returns.
+        mark = self._recorder.mark_step
         layers = self._layers
         for (at, total, tags, expected, across), seen in zip(steps, counts):
             low, high = int(seen.min()), int(seen.max())
@@ -336,6 +346,7 @@ class DeviceStaging:
                 block = ids[slot, at:at + total]
                 for start, stop, phase, seq in tags.pieces:
                     record(layer, block[start:stop], seq=seq, phase=phase)
+            mark()
 
     def _to_host(self, n: int, m: int) -> None:
         # The side stream starts after the last staged step's copies (its event, recorded on the stream

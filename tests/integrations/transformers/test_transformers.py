@@ -157,6 +157,11 @@ def test_padded_batch_with_early_finishers_records_only_real_tokens(name: str, t
         want_seq += [r for step in range(max(fed)) for r in range(4) if step < fed[r]]
         assert cap.seq[layer].tolist() == want_seq
         assert cap.phase[layer].tolist() == [0] * sum(lengths) + [1] * sum(fed)
+    # Engine steps: the prompt forward (real tokens only), then one per decode forward, each holding the
+    # rows not finished yet (generate feeds generated.shape[1] - 1 decode steps).
+    steps = [sum(lengths)] + [sum(step < n for n in fed) for step in range(generated.shape[1] - 1)]
+    assert steps[-1] > 0
+    assert cap.step_passes.tolist() == [steps if layer in routed else [0] * len(steps) for layer in range(3)]
     assert turbospark.analyze(cap)["sequences"] == 4
 
 
@@ -217,9 +222,9 @@ def test_next_probe_without_dense_gaps_keeps_the_reference_json(tmp_path: Any) -
     with capture(model, path, trace=True, pilot="next") as rec:
         model(PROMPT[:, :2])
     doc = json.loads(path.read_text())
-    # The reference's keys, then the sequence tags (one prompt block of sequence 0).
-    assert list(doc) == ["num_layers", "num_experts", "top_k", "counts", "trace", "pred", "seq", "phase"]
-    assert doc["seq"] == [[0, 0]] * 3 and doc["phase"] == [[0, 0]] * 3
+    # The reference's keys, then the sequence tags (one prompt block of sequence 0) and the one engine step.
+    assert list(doc) == ["num_layers", "num_experts", "top_k", "counts", "trace", "pred", "seq", "phase", "step_passes"]
+    assert doc["seq"] == [[0, 0]] * 3 and doc["phase"] == [[0, 0]] * 3 and doc["step_passes"] == [[2]] * 3
     assert [len(row) for row in doc["pred"]] == [0, 4, 4]
     assert rec.closed
 
@@ -370,6 +375,8 @@ def test_a_chunked_prefill_keeps_each_prompts_sequence(tmp_path: Any) -> None:
     # Every chunk used to start new sequences: 2 prompts read as 6.
     assert cap.seq[0].tolist() == [0, 0, 0, 0, 1, 0, 0, 1, 1, 0, 1, 0, 1]
     assert cap.phase[0].tolist() == [0] * 9 + [1] * 4
+    # One engine step per chunk (its real tokens: 2, 2 + 1, 2 + 2), then the 2 decode steps.
+    assert cap.step_passes.tolist() == [[2, 3, 4, 2, 2]] * 3
     assert turbospark.analyze(cap)["sequences"] == 2
     result = verify(model, path, out, mask, prefill_chunk_size=2)
     assert (result.ok, result.passes, result.problems) == (True, 13, ())
@@ -609,7 +616,8 @@ def test_trace_and_pilot_with_path_none_override_the_environment(tmp_path: Any, 
     with capture(model, trace=True) as rec:  # the trace although TURBOSPARK_ROUTER_TRACE is unset
         model(PROMPT[:, :2])
     assert (rec.trace_enabled, rec.pilot_enabled(), rec.path) == (True, False, str(path))
-    assert list(json.loads(path.read_text())) == ["num_layers", "num_experts", "top_k", "counts", "trace", "seq", "phase"]
+    assert list(json.loads(path.read_text())) == ["num_layers", "num_experts", "top_k", "counts", "trace", "seq", "phase",
+                                                  "step_passes"]
     monkeypatch.setenv("TURBOSPARK_ROUTER_TRACE", "1")
     monkeypatch.setenv("TURBOSPARK_PILOT_PROBE", "self")
     with capture(model, pilot="next") as rec:  # pilot overridden, trace from the environment
@@ -633,7 +641,8 @@ def test_trace_and_pilot_with_path_none_override_the_environment(tmp_path: Any, 
     with capture(model, trace=False) as rec:  # trace off although TURBOSPARK_ROUTER_TRACE is set
         model(PROMPT[:, :2])
     assert (rec.trace_enabled, rec.pilot_enabled()) == (False, False)
-    assert list(json.loads(path.read_text())) == ["num_layers", "num_experts", "top_k", "counts", "seq", "phase"]
+    assert list(json.loads(path.read_text())) == ["num_layers", "num_experts", "top_k", "counts", "seq", "phase",
+                                                  "step_passes"]
 
 
 class _StopRow:

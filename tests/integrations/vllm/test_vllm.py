@@ -121,7 +121,8 @@ def _child(tmp_path: pathlib.Path, work: pathlib.Path, model: str, batches: list
     the capture in ``tmp_path``."""
     spec = work / "spec.json"
     spec.write_text(json.dumps(dict(model=model, engine=engine or {"enforce_eager": True}, batches=batches,
-                                    max_tokens=max_tokens, out=str(work / "out.json"), **more)))
+                                    max_tokens=max_tokens, out=str(work / "out.json"),
+                                    scheduled=str(work / "scheduled.json"), **more)))
     extra = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": vllm_cache(tmp_path)}
     if capture_path is not None:
         extra.update({"TURBOSPARK_ROUTER_HIST": str(tmp_path / capture_path), "TURBOSPARK_ROUTER_TRACE": "1"})
@@ -233,6 +234,39 @@ def check_exact(cap: Any, results: list[dict[str, Any]], model: str, name: str, 
     return facts
 
 
+def scheduled(work: pathlib.Path) -> list[int]:
+    """The token totals of the steps an in-process engine's scheduler made that scheduled tokens (the child's
+    ``scheduled`` log, tests/vllm_child.py): the engine steps its capture must hold, in order."""
+    return [total for total in json.loads((work / "scheduled.json").read_text()) if total]
+
+
+def check_steps(cap: Any, name: str, steps: Optional[list[int]] = None, budget: Optional[int] = None) -> None:
+    """The capture's engine steps (``step_passes``) are the engine's: each routed layer's passes are ``steps``
+    (when given), every routed layer the same, a dense one all zeros, no step empty or over the ``budget``
+    (max_num_batched_tokens), and within a step each request's rows are one run of consecutive positions,
+    at most one of them past its prompt (no speculative decoding: one new token per request and step)."""
+    from turbospark.capture._steps import steps_of
+
+    routed = vllm_models.MODELS[name][3]
+    table = cap.step_passes
+    assert table is not None and table.shape[0] == cap.num_layers
+    per_step = table[routed[0]].tolist()
+    for layer in range(cap.num_layers):
+        assert table[layer].tolist() == (per_step if layer in routed else [0] * len(per_step))
+        assert int(table[layer].sum()) == cap.trace[layer].shape[0]
+    assert min(per_step) > 0 and (budget is None or max(per_step) <= budget), per_step
+    if steps is not None:
+        assert per_step == steps
+    layer = routed[0]
+    step = steps_of(table, layer, cap.trace[layer].shape[0])
+    for t in range(len(per_step)):
+        seqs = cap.seq[layer][step == t].tolist()
+        runs = [s for i, s in enumerate(seqs) if i == 0 or seqs[i - 1] != s]
+        assert len(runs) == len(set(runs)), (t, seqs)  # one run per request
+        decode = cap.phase[layer][step == t] == 1
+        assert len(set(np.asarray(seqs)[decode].tolist())) == int(decode.sum()), (t, seqs)
+
+
 def without_engine_ids(document: str) -> tuple[str, list[dict[str, Any]]]:
     """A capture's JSON before its ``requests`` map, and the map's entries with the engine ids' 8 random
     characters cut off: equal for two runs of the same requests that routed alike, byte for byte."""
@@ -250,6 +284,9 @@ def test_eager_exact(models: dict[str, str], name: str, tmp_path: pathlib.Path) 
     layer = vllm_models.MODELS[name][3][0]
     assert int((cap.phase[layer] == 0).sum()) == 7 + 8 + 9 + 10
     assert int((cap.phase[layer] == 1).sum()) == 4 * 7
+    # Engine steps: all four prompts in the first step, then one decode step of 4 per fed token.
+    assert scheduled(tmp_path) == [34] + [4] * 7
+    check_steps(cap, name, [34] + [4] * 7)
     assert "[router-hist] wrote" in err
 
 
@@ -349,6 +386,12 @@ def test_device_staging_equals_the_direct_hand_over(models: dict[str, str], tmp_
     direct, direct_results, err = run_vllm(direct_dir, models["qwen3_moe"], batches, 8, engine=engine)
     assert direct is not None, err
     assert [r["output"] for r in direct_results] == [r["output"] for r in results]
+    # The steps the scheduler made, 16 tokens at most (chunked prefill beside decode rows): the staged
+    # capture marks each one as its flush records it, the direct one at once.
+    for work, run in ((staged_dir, cap), (direct_dir, direct)):
+        steps = scheduled(work)
+        assert len(steps) > 12 and steps.count(16) > 6, steps
+        check_steps(run, "qwen3_moe", steps, budget=16)
     assert (without_engine_ids((staged_dir / "cap.json").read_text())
             == without_engine_ids((direct_dir / "cap.json").read_text()))
 
@@ -439,6 +482,11 @@ def test_data_parallel_ranks_record_their_own_requests(models: dict[str, str], t
     for cap, mine in zip(caps, results):
         check_exact(cap, mine, models["qwen3_moe"], "qwen3_moe", dp_dir)
     assert [sorted(e.prompt for e in cap.requests) for cap in caps] == [[21, 23, 24], [22]]
+    # Each rank marks its own steps: rank 1's one request prefills 16 + 6 tokens, then decodes 5 fed tokens,
+    # and its dummy batches (idle beside rank 0) are no steps; rank 0's three prompts 16 tokens a step.
+    check_steps(caps[1], "qwen3_moe", [16, 6, 1, 1, 1, 1, 1])
+    check_steps(caps[0], "qwen3_moe", budget=16)
+    assert int(caps[0].step_passes[0].sum()) == 21 + 23 + 24 + 3 * 5
     one, one_results, err = run_vllm(one_dir, models["qwen3_moe"], [asked], 6, engine=engine)
     assert one is not None, err
     outputs = {len(r["prompt"]): r["output"] for rank in results for r in rank}

@@ -111,6 +111,46 @@ def test_staged_capture_equals_the_direct_one(tmp_path: pathlib.Path, monkeypatc
     assert len(flushes) > 3 and max(flushes) <= max_steps
 
 
+@pytest.mark.parametrize("rows, flush_every, max_steps", [(None, 1.0, 1024), (40, 1e9, 1024), (STEP_ROWS, 0.0, 1024),
+                                                          (None, 1e9, 3)],
+                         ids=["by-time", "by-room", "every-step", "by-step-log"])
+def test_each_step_is_marked_as_its_rows_are_recorded(tmp_path: pathlib.Path, monkeypatch: Any, rows: Optional[int],
+                                                      flush_every: float, max_steps: int) -> None:
+    """One engine step per step() call, in step_passes: the direct hand-over marks it at once, the staged one
+    as its flush records it, so a staged step is neither rows nor mark until then, and never one without the
+    other."""
+    monkeypatch.setattr(_handover, "MAX_STEPS", max_steps)
+    direct = Engine(tmp_path / "direct.json", "direct")
+    staged = Engine(tmp_path / "staged.json", "device", rows=rows, flush_every=flush_every)
+    seen = []
+    record = staged.recorder.record_batch
+
+    def record_and_check(*args: Any, **kwargs: Any) -> None:
+        # Between two record_batch calls of a flush, every step recorded whole so far is marked.
+        marked = staged.recorder._step_marks
+        seen.append(0 if marked is None else marked.per_step().shape[1])
+        record(*args, **kwargs)
+
+    monkeypatch.setattr(staged.recorder, "record_batch", record_and_check)
+    run([direct, staged], seed=1, count=60)
+    totals = [output.total_num_scheduled_tokens for output, _ in engine_steps(1, 60)]
+    table = RequestTable()  # the pieces (record_batch calls per layer) of each step
+    pieces = [len(table.step(output, order).pieces) for output, order in engine_steps(1, 60)]
+    left = staged.handover.staged_steps
+    assert 0 < left < 60
+    marked = staged.recorder._step_marks.per_step()
+    assert marked.shape == (NUM_LAYERS, 60 - left)  # the staged steps are not marked yet ...
+    assert (staged.recorder._passes_array() == marked.sum(axis=1)).all()  # ... nor recorded
+    direct.recorder.close()
+    staged.recorder.close()  # its drain records and marks what is still staged
+    # Each step's calls (one per layer and piece) saw every earlier step marked.
+    calls = [step for step, n in enumerate(pieces) for _ in range(n * len(LAYERS))]
+    assert seen == calls
+    for path in ("direct.json", "staged.json"):
+        steps = turbospark.load(tmp_path / path).step_passes
+        assert steps.tolist() == [totals if layer in LAYERS else [0] * 60 for layer in range(NUM_LAYERS)]
+
+
 def test_staging_steps_never_read_device_data(tmp_path: pathlib.Path, no_host_read: Any) -> None:
     direct = Engine(tmp_path / "direct.json", "direct")
     staged = Engine(tmp_path / "staged.json", "device", flush_every=1e9)
@@ -245,10 +285,11 @@ def test_a_signal_mid_hand_over_writes_whole_steps(tmp_path: pathlib.Path, monke
         assert fired == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
-    # What the handler wrote: every routed layer has the same passes.
+    # What the handler wrote: every routed layer has the same passes, each step's with its mark.
     written = turbospark.load(tmp_path / "cap.json")
     assert len({written.trace[layer].shape[0] for layer in LAYERS}) == 1
     assert written.trace[LAYERS[0]].shape[0] > 0
+    assert written.step_passes.sum(axis=1).tolist() == [written.trace[layer].shape[0] for layer in range(NUM_LAYERS)]
     engine.recorder.discard()
 
 
@@ -280,6 +321,10 @@ def test_a_data_parallel_rank_records_its_own_rows(tmp_path: pathlib.Path, gathe
     staged.handover.flush()
     assert direct.recorder.to_json() == alone.recorder.to_json()
     assert staged.recorder.to_json() == alone.recorder.to_json()
+    # Its own steps: each one this rank's tokens, not the other rank's rows its routers saw too.
+    totals = [output.total_num_scheduled_tokens for output, _ in engine_steps(6, 30)]
+    steps = turbospark.loads(staged.recorder.to_json()).step_passes
+    assert steps.tolist() == [totals if layer in LAYERS else [0] * 30 for layer in range(NUM_LAYERS)]
     for engine in (direct, staged, alone):
         engine.recorder.discard()
 
@@ -491,3 +536,32 @@ def test_a_session_that_never_stepped_writes_nothing(tmp_path: pathlib.Path, cap
     assert path.read_text() == "the earlier capture"
     assert capfd.readouterr().err.count(f"[router-hist] not writing {path}: the engine ran no step (an existing "
                                         "capture there is left as it was)\n") == 1
+
+
+@pytest.mark.parametrize("kind", ["direct", "device"])
+def test_a_session_marks_the_steps_that_scheduled_tokens_and_no_warm_up(tmp_path: pathlib.Path, kind: str) -> None:
+    """Warm-up (``_dummy_run``) and a step that scheduled nothing are no engine steps."""
+    from types import SimpleNamespace
+
+    from turbospark.vllm._recorder import VllmRecorder
+    from turbospark.vllm._session import Session
+    from vllm_steps import new, step
+
+    path = tmp_path / "cap.json"
+    engine = Engine(tmp_path / "unused.json", kind)
+    worker = FakeWorker(engine, STEP_ROWS)
+    session = Session(lambda: VllmRecorder(str(path), NUM_LAYERS, EXPERTS, K, trace=True), str(path), engine.buffer,
+                      LAYERS, worker, 1, kind)
+    rng = np.random.default_rng(3)
+    worker.model_runner._dummy_run(STEP_ROWS)
+    worker.model_runner.input_batch = SimpleNamespace(req_ids=["a", "b"])
+    session.after_step(step({}))  # nothing scheduled: no step, and no recorder yet
+    for output in (step({"a": 5, "b": 2}, new_reqs=(new("a", 5), new("b", 2))),
+                   step({"a": 1, "b": 1}, cached=(("a", 5), ("b", 2))), step({}),
+                   step({"a": 1}, cached=(("a", 6),), finished=("b",))):
+        total = output.total_num_scheduled_tokens
+        if total:
+            engine.forward(torch.from_numpy(routed(rng, total, 0)))
+        session.after_step(output)
+    session.close()
+    assert turbospark.load(path).step_passes.tolist() == [[7, 2, 1], [0, 0, 0], [7, 2, 1], [7, 2, 1]]
