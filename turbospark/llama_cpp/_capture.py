@@ -304,9 +304,13 @@ class _Context:
 
     def end(self, status: int) -> None:
         plan, self.plan = self.plan, None
+        error, self.error = self.error, None
         if plan is not None and status == 0:
             self.seqs.update(plan.updates)
-        error, self.error = self.error, None
+            recorder = self.session.recorder
+            if error is None and recorder is not None and plan.seq.shape[0]:
+                # One llama_decode that routed its batch (all its ubatches) is one engine step.
+                recorder.mark_step()
         if error is not None:
             if not isinstance(error, KeyboardInterrupt):
                 self.session.refuse(error)

@@ -127,6 +127,9 @@ def test_ids_equal_transformers(built: llama_models.Built, mode: str, tmp_path: 
     for layer in range(built.layers):
         assert got[layer].shape == (N_TOKENS, built.top_k)
         same_ids(got[layer], expected[layer], expected.logits[layer], f"{built.name} layer {layer} {mode}")
+    # Engine steps: one per llama_decode call (its ubatches together).
+    per_decode = [1] * N_TOKENS if mode == "incremental" else [N_TOKENS]
+    assert load(path).step_passes.tolist() == [per_decode] * built.layers
     with open(path) as handle:
         document = json.load(handle)
     assert document["num_layers"] == built.layers and document["num_experts"] == built.experts
@@ -142,6 +145,7 @@ def test_last_layer_only_for_output_tokens(built: llama_models.Built, tmp_path: 
         llm = make_llama(built, logits_all=False)
         llm.eval(tokens)
         assert cap.passes.tolist() == [N_TOKENS] * (built.layers - 1) + [1]
+    assert load(path).step_passes.tolist() == [[N_TOKENS]] * (built.layers - 1) + [[1]]
     got = traces(path, built.layers)
     for layer in range(built.layers - 1):
         same_ids(got[layer], expected[layer], expected.logits[layer])
