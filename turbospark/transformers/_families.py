@@ -16,6 +16,7 @@ have no norm before attention).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -125,6 +126,18 @@ def _config_class(model_class: type) -> type:
     return config_class
 
 
+def _no_init_weights() -> Any:
+    """transformers' own context that skips weight initialisation (a default config's model is built only
+    to read its modules: initialising the weights of 61 layers x 256 experts, on the meta device too, is most
+    of the time ``families`` takes); where this transformers has none, a context that does nothing."""
+    for where in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            return getattr(importlib.import_module(where), "no_init_weights")()
+        except (ImportError, AttributeError):
+            continue
+    return contextlib.nullcontext()
+
+
 def _model_checks(module: Any, declaring: type) -> tuple[str, str, bool]:
     """(problem, probe verdict, checked) from the family's model built on the meta device."""
     from turbospark.transformers._capture import _plan_probe
@@ -132,7 +145,7 @@ def _model_checks(module: Any, declaring: type) -> tuple[str, str, bool]:
 
     model_class = _model_class(module, declaring)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _no_init_weights():
             model = model_class(_config_class(model_class)())
     except Exception as exc:  # noqa: BLE001 -- the default config is not always buildable
         return "", f"not checked (its default config builds no {model_class.__name__}: {type(exc).__name__})", False
